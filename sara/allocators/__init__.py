@@ -1,0 +1,92 @@
+"""Budget allocators: who gets the next rollouts, and when a prompt is committed or abandoned.
+
+Registry: ``ALLOCATORS`` maps names to allocator classes; ``make_allocator("sara:tau_low=0.45,probe=1", k=8)``
+builds one from a spec string (options validated by the class's pydantic ``Config``). ``"module:attr"`` names a user
+class without registering it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sara.allocators.base import (
+    AllocatorConfig,
+    BinaryEffectiveness,
+    BudgetAllocator,
+    ConstantPrior,
+    EffectivenessModel,
+    Prior,
+    SequentialAllocator,
+    SequentialConfig,
+    UnitStatus,
+    UnitTable,
+    UnitView,
+)
+from sara.allocators.posteriors import p_effective
+from sara.allocators.samplers import SAMPLERS, PromptSampler, UniformSampler, make_sampler
+from sara.allocators.sara import SARAAllocator, SARAConfig
+from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingConfig, UniformAllocator
+from sara.config import ConfigError, parse_spec
+from sara.registry import Registry
+from sara.types import Decision
+
+__all__ = [
+    "ALLOCATORS",
+    "AllocatorConfig",
+    "BinaryEffectiveness",
+    "BudgetAllocator",
+    "ConstantPrior",
+    "Decision",
+    "DynamicSamplingAllocator",
+    "DynamicSamplingConfig",
+    "EffectivenessModel",
+    "Prior",
+    "PromptSampler",
+    "SAMPLERS",
+    "SARAAllocator",
+    "SARAConfig",
+    "SequentialAllocator",
+    "SequentialConfig",
+    "UniformAllocator",
+    "UniformSampler",
+    "UnitStatus",
+    "UnitTable",
+    "UnitView",
+    "make_allocator",
+    "make_sampler",
+    "p_effective",
+    "register",
+]
+
+ALLOCATORS: Registry[type[BudgetAllocator]] = Registry("allocator")
+register = ALLOCATORS.register
+
+register("uniform", UniformAllocator)
+register("ds", DynamicSamplingAllocator)
+register("sara", SARAAllocator)
+
+
+def make_allocator(spec: str | BudgetAllocator, **defaults: Any) -> BudgetAllocator:
+    """Build an allocator from a spec string ``"name"`` / ``"name:key=value,..."`` / ``"module:Class:key=value"``.
+
+    Args:
+        spec: The spec (an allocator instance is returned unchanged).
+        **defaults: Options applied before the spec's own (e.g. ``k=8`` from the command line). Options the class's
+            config does not know are dropped from ``defaults`` (not from the spec, where they are an error).
+
+    Raises:
+        ConfigError: unknown allocator or invalid option; the message names the field.
+    """
+    if isinstance(spec, BudgetAllocator):
+        return spec
+    name, options = parse_spec(spec)
+    try:
+        cls = ALLOCATORS.get(name)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    if not (isinstance(cls, type) and issubclass(cls, BudgetAllocator)):
+        raise ConfigError(f"{name!r} is not a BudgetAllocator subclass")
+    known = cls.Config.model_fields
+    merged = {k: v for k, v in defaults.items() if k in known}
+    merged.update(options)
+    return cls(merged)

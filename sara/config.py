@@ -1,0 +1,83 @@
+"""Pydantic config helpers and spec strings (``"name"`` or ``"name:key=value,key=value"``).
+
+Every config model forbids unknown fields, and every validation error is re-raised as ``ConfigError`` naming the
+offending field and what to change, e.g.::
+
+    ConfigError: allocator 'sara': field 'tau_low': Input should be less than or equal to 1 (got '1.5')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = ["SaraModel", "ConfigError", "parse_spec", "validate_config", "format_spec"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field."""
+
+
+class SaraModel(BaseModel):
+    """Base for every config: unknown fields are errors, assignments are validated, docstrings document fields."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, frozen=False)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split ``"name:key=value,key=value"`` into ``(name, {key: value})`` (values stay strings; the config coerces).
+
+    A ``"module:attr"`` entry point (no ``=`` after the colon) is kept whole as the name; entry points with options
+    use ``"module:attr:key=value"``.
+    """
+    spec = spec.strip()
+    if not spec:
+        raise ConfigError("empty spec; expected 'name' or 'name:key=value,...'")
+    head, _, tail = spec.rpartition(":")
+    if not _ or "=" not in tail:
+        return spec, {}
+    name = head
+    kwargs: dict[str, str] = {}
+    for item in tail.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"spec {spec!r}: option {item!r} must look like key=value")
+        key = key.strip()
+        if key in kwargs:
+            raise ConfigError(f"spec {spec!r}: option {key!r} given twice")
+        kwargs[key] = value.strip()
+    return name, kwargs
+
+
+def format_spec(name: str, options: Mapping[str, Any]) -> str:
+    """Inverse of ``parse_spec`` for display."""
+    if not options:
+        return name
+    return name + ":" + ",".join(f"{k}={v}" for k, v in options.items())
+
+
+def validate_config(model: type[M], data: Mapping[str, Any], *, what: str) -> M:
+    """Build ``model(**data)``; on failure raise ``ConfigError`` naming every bad field and its value."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            got = err.get("input")
+            hint = err["msg"]
+            if not field:  # a cross-field check: its message names the fields
+                lines.append(hint.removeprefix("Value error, "))
+                continue
+            if err["type"] == "extra_forbidden":
+                known = ", ".join(sorted(model.model_fields))
+                hint = f"unknown option; known options: {known}"
+            lines.append(f"field '{field}': {hint} (got {got!r})")
+        raise ConfigError(f"{what}: " + "; ".join(lines)) from None

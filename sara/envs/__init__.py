@@ -1,0 +1,19 @@
+"""Environments: verifiable tasks on generation backends, and the simulator.
+
+Heavy backends (vLLM, transformers, Ray) live in ``sara.envs.backends`` and import their libraries lazily.
+"""
+
+from sara.envs.base import Completion, GenerationBackend, GenerationRequest, RolloutEnv, SamplingConfig
+from sara.envs.simulated import POPULATIONS, SimulatedEnv, SimulatedEnvConfig, make_population
+
+__all__ = [
+    "Completion",
+    "GenerationBackend",
+    "GenerationRequest",
+    "POPULATIONS",
+    "RolloutEnv",
+    "SamplingConfig",
+    "SimulatedEnv",
+    "SimulatedEnvConfig",
+    "make_population",
+]

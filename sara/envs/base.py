@@ -1,0 +1,123 @@
+"""Environment and generation-backend protocols.
+
+A ``RolloutEnv`` is what ``collect`` talks to: it owns a prompt pool and turns one batched list of
+``RolloutRequest`` into scored ``Rollout`` objects (one call per allocation round). The usual implementation is a task
+(prompt source + verifier) on top of a ``GenerationBackend`` (vLLM, HF transformers, a Ray actor pool, the tiny
+policy); ``SimulatedEnv`` skips text altogether.
+
+Both are ``typing.Protocol`` classes: objects fit without inheriting from anything in ``sara``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from sara.types import Prompt, Rollout, RolloutRequest
+
+__all__ = ["RolloutEnv", "GenerationBackend", "GenerationRequest", "Completion", "SamplingConfig"]
+
+
+@runtime_checkable
+class RolloutEnv(Protocol):
+    """A verifiable environment that ``collect`` drives.
+
+    Attributes:
+        prompts: The prompt pool; samplers draw indices into it.
+    """
+
+    prompts: Sequence[Prompt]
+
+    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        """Generate and score rollouts for a whole round in one batched call.
+
+        Args:
+            requests: One entry per allocation unit in this round.
+
+        Returns:
+            ``out[i]`` holds ``requests[i].n`` rollouts, in seed order.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings shared by every backend.
+
+    Attributes:
+        temperature: Softmax temperature (1.0 = the policy's own distribution, what RL needs).
+        top_p: Nucleus sampling mass (1.0 = off; anything else biases the log-prob ratios).
+        max_new_tokens: Maximum generated tokens per completion.
+        stop: Stop strings (the completion is cut at, and includes, the first stop string).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Generate ``len(seeds)`` completions for one rendered prompt.
+
+    Attributes:
+        prompt: Rendered prompt text (chat template already applied) or chat messages.
+        seeds: One seed per completion (backends that cannot seed per request use an engine seed and say so).
+        max_new_tokens: Overrides ``SamplingConfig.max_new_tokens`` when set.
+    """
+
+    prompt: str | Sequence[Mapping[str, str]]
+    seeds: tuple[int, ...]
+    max_new_tokens: int | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated completion.
+
+    Attributes:
+        text: Decoded text.
+        token_ids: Generated token ids.
+        logprobs: Log-probability of each generated token under the generating weights (same length as token_ids).
+        prompt_token_ids: Token ids of the prompt as the backend tokenized it.
+        finish_reason: ``"stop"`` or ``"length"``.
+        seed: The seed used.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prompt_token_ids: tuple[int, ...] = ()
+    finish_reason: str = "stop"
+    seed: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """Generates text for a batch of requests (one call per allocation round).
+
+    Implementations: the tiny policy's sampler, HF transformers, vLLM, a Ray actor pool of any of these.
+    """
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
+        """Return ``out[i]`` with ``requests[i].n`` completions, in seed order."""
+        ...
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Load the trainer's updated policy weights; ``version`` increases by one per update."""
+        ...
+
+    def close(self) -> None:
+        """Release engines, processes and memory."""
+        ...
