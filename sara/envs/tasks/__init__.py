@@ -1,0 +1,81 @@
+"""Verifiable tasks: a registry of versioned task ids -> task factories.
+
+Example:
+    >>> from sara.envs.tasks import make_task
+    >>> task = make_task("sara/Arithmetic-v0", max_digits=2, pool_size=100, eval_size=20, seed=0)
+    >>> p = task.prompts[0]
+    >>> task.score(str(p.answer["answer"]), p)
+    1.0
+
+A factory is any callable ``factory(**options) -> Task``; register one by object or by ``"module:attr"`` string
+(imported on first use), under a versioned id ``"namespace/Name-vN"`` (the gymnasium convention)::
+
+    register_task("me/Palindrome-v0", "my_package.tasks:make_palindrome_task")
+
+Built-in tasks are registered lazily, so ``import sara.envs.tasks`` imports neither math-verify nor gymnasium.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from sara.config import ConfigError, parse_spec
+from sara.envs.tasks.base import Task, Verifier
+from sara.registry import Registry
+
+__all__ = ["TASKS", "Task", "Verifier", "make_task", "register_task", "task_ids"]
+
+TASKS: Registry[Callable[..., Task]] = Registry("task")
+"""Task id -> factory ``(**options) -> Task``."""
+
+_ID = re.compile(r"^(?:[A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]+-v(?:0|[1-9][0-9]*)$")
+
+
+def register_task(task_id: str, factory: Callable[..., Task] | str, *, override: bool = False) -> None:
+    """Register a task factory (an object or a ``"module:attr"`` string) under a versioned id.
+
+    Args:
+        task_id: ``"namespace/Name-vN"`` or ``"Name-vN"``; bump ``N`` whenever prompts or scoring change.
+        factory: ``factory(**options) -> Task`` or its ``"module:attr"`` entry point.
+        override: Replace an existing registration.
+
+    Raises:
+        ValueError: The id is not versioned, or is already registered (and ``override`` is false).
+    """
+    if not isinstance(task_id, str) or not _ID.match(task_id):
+        raise ValueError(f"task id {task_id!r} must be versioned like 'namespace/Name-v0'")
+    TASKS.register(task_id, factory, override=override)
+
+
+def task_ids() -> list[str]:
+    """Registered task ids, sorted."""
+    return TASKS.names()
+
+
+def make_task(spec: str, **options: Any) -> Task:
+    """Build a task from its id (or ``"module:attr"``), with options as keywords or in the spec.
+
+    ``make_task("sara/Arithmetic-v0:max_digits=2", seed=1)`` and
+    ``make_task("sara/Arithmetic-v0", max_digits=2, seed=1)`` are the same; keywords win over spec options.
+
+    Raises:
+        ConfigError: Unknown id, or an invalid option (the message names the field).
+    """
+    name, spec_options = parse_spec(spec)
+    try:
+        factory = TASKS.get(name)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    task = factory(**{**spec_options, **options})
+    if not isinstance(task, Task):
+        raise ConfigError(f"task {name!r}: factory returned {type(task).__name__}, expected sara.envs.tasks.Task")
+    return task
+
+
+register_task("sara/Arithmetic-v0", "sara.envs.tasks.arithmetic:make_arithmetic_task")
+register_task("sara/Countdown-v0", "sara.envs.tasks.countdown:make_countdown_task")
+register_task("sara/GSM8K-v0", "sara.envs.tasks.gsm8k:make_gsm8k_task")
+register_task("sara/MATH-v0", "sara.envs.tasks.math:make_math_task")
+register_task("sara/AIME-v0", "sara.envs.tasks.math:make_aime_task")
