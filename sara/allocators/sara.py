@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Literal
+
 import numpy as np
 from pydantic import Field, model_validator
 
-from sara.allocators.base import SequentialAllocator, SequentialConfig, UnitView
+from sara.allocators.base import Prior, SequentialAllocator, SequentialConfig, UnitView
 from sara.types import Decision
 
 __all__ = ["SARAAllocator", "SARAConfig"]
@@ -19,6 +22,12 @@ class SARAConfig(SequentialConfig):
     outcomes; P(wrong abandon) <= tau_low under the prior."""
     tau_high: float = Field(1.0, ge=0.0, le=1.0)
     """COMMIT (stop probing, fill the group) once p_eff >= tau_high even before the prefix is mixed. 1.0 = never."""
+    prior: Literal["constant", "empirical", "history"] = "constant"
+    """Where p_eff's Beta prior comes from: 'constant' (alpha0, beta0), 'empirical' (Beta fitted online to the
+    population seen so far, marginal likelihood), 'history' (each prompt's own posterior from earlier steps, decayed
+    by ``decay`` per step, over an empirical-Bayes base). See ``sara.allocators.priors``."""
+    decay: float = Field(0.7, gt=0.0, le=1.0)
+    """History prior only: weight of evidence per step of age (lambda in MoPPS; 1 = never forget)."""
 
     @model_validator(mode="after")
     def _check_taus(self) -> SARAConfig:
@@ -34,7 +43,20 @@ class SARAAllocator(SequentialAllocator):
     Config = SARAConfig
     config: SARAConfig
 
+    def __init__(self, config: SARAConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
+                 **overrides: Any) -> None:
+        super().__init__(config, prior=prior, **overrides)
+        if prior is None and self.config.prior != "constant":
+            from sara.allocators.priors import make_prior
+
+            c = self.config
+            self.prior = make_prior(c.prior, alpha0=c.alpha0, beta0=c.beta0, decay=c.decay)
+
     def decide(self, units: UnitView) -> np.ndarray:
+        if self.config.prior != "constant":
+            from sara.allocators.priors import refreshed_view
+
+            units = refreshed_view(self, units)
         out = np.full(len(units.ids), Decision.CONTINUE, np.int8)
         out[units.p_eff >= self.config.tau_high] = Decision.COMMIT
         out[units.p_eff < self.config.tau_low] = Decision.ABANDON
