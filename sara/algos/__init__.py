@@ -1,6 +1,13 @@
-"""RL algorithms: advantage estimators, losses and algorithm specs (torch).
+"""RL algorithms (torch): advantage estimators, losses and algorithm specs.
 
-``ADVANTAGES`` registers advantage estimators under one signature (see ``sara.algos.advantages``).
+- ``ADVANTAGES``: advantage estimators by name, one signature ``fn(AdvantageInputs, **params) -> (adv, returns)``;
+  the pure functions (``grpo_advantages``, ``rloo_advantages``, ...) work on flat tensors and group ids.
+- ``sara.algos.losses``: PPO-clip policy loss (verl aggregation modes, dual clip, dead-group dropping), clipped value
+  loss, KL (k1/k2/k3), entropy; ``rl_loss`` combines them.
+- ``ALGOS``: ``AlgoSpec`` per algorithm (grpo, dr_grpo, rloo, ppo, reinforce_pp, reinforce_pp_baseline);
+  ``make_algo("ppo:lam=0.95")``; the trainer calls ``spec.compute_advantages`` and ``spec.compute_loss`` only.
+
+See docs/algorithms.md.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from sara.algos.advantages import (
     gae_advantages,
     group_index,
     grpo_advantages,
+    last_token_index,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -20,19 +28,52 @@ from sara.algos.advantages import (
     reinforce_pp_returns,
     rloo_advantages,
 )
+from sara.algos.losses import (
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    LossInputs,
+    active_mask,
+    agg_loss,
+    entropy_bonus,
+    kl_loss,
+    kl_penalty,
+    loss_denominator,
+    policy_loss,
+    rl_loss,
+    value_loss,
+)
+from sara.algos.specs import ALGOS, OUTCOME_ESTIMATORS, AlgoSpec, make_algo, register_algo
 
 __all__ = [
     "ADVANTAGES",
+    "ALGOS",
     "AdvantageInputs",
+    "AlgoSpec",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "LossInputs",
+    "OUTCOME_ESTIMATORS",
+    "active_mask",
+    "agg_loss",
     "broadcast_to_tokens",
     "build_token_rewards",
+    "entropy_bonus",
     "gae_advantages",
     "group_index",
     "grpo_advantages",
+    "kl_loss",
+    "kl_penalty",
+    "last_token_index",
+    "loss_denominator",
+    "make_algo",
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "policy_loss",
+    "register_algo",
     "reinforce_pp_baseline_advantages",
     "reinforce_pp_returns",
+    "rl_loss",
     "rloo_advantages",
+    "value_loss",
 ]
