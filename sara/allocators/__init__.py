@@ -64,6 +64,8 @@ register = ALLOCATORS.register
 register("uniform", UniformAllocator)
 register("ds", DynamicSamplingAllocator)
 register("sara", SARAAllocator)
+# Beyond the paper (issue 5); lazy entry points, imported on first use.
+register("bayes_optimal", "sara.allocators.bayes_optimal:BayesOptimalAllocator")
 
 
 def make_allocator(spec: str | BudgetAllocator, **defaults: Any) -> BudgetAllocator:
