@@ -1,0 +1,149 @@
+"""``TaskEnv``: a verifiable task on a generation backend, as the ``RolloutEnv`` that ``collect`` drives.
+
+One ``rollout`` call = one allocation round: every request's prompt is rendered (task template, then
+``request.prefix`` appended), the whole round goes to ONE ``backend.generate`` call, and the completions are scored by
+the batch scorer (per-call time limit; worker processes for verifiers that are not thread-safe). A verifier that
+raises, times out or returns garbage gives reward 0 and is counted in ``metrics()``; it never fails the step.
+
+The verifier scores ``request.prefix + completion`` (for tree rollouts the prefix is the start of the answer); the
+``Rollout`` keeps only the generated text and tokens (what the policy is trained on).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from sara.envs.base import GenerationBackend, GenerationRequest, SamplingConfig
+from sara.envs.tasks import Task, make_task
+from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchScorer
+from sara.types import Prompt, Rollout, RolloutRequest
+
+__all__ = ["TaskEnv"]
+
+_STATUS = {OK: "ok", NOT_APPLICABLE: "not_applicable", ERROR: "error", TIMEOUT: "timeout"}
+
+
+class TaskEnv:
+    """A ``RolloutEnv`` made of a task and a ``GenerationBackend``.
+
+    Args:
+        task: A ``Task`` or a task id / spec for ``make_task`` (e.g. ``"sara/Arithmetic-v0:max_digits=2"``).
+        backend: Any object with ``generate(requests, sampling) -> list[list[Completion]]``.
+        sampling: Sampling settings; default ``SamplingConfig`` with the task's suggested ``max_new_tokens`` and
+            ``stop``.
+        split: ``"train"`` (the task's prompt pool) or ``"eval"`` (its held-out prompts).
+        scorer_mode: ``"auto"`` (``"thread"`` for thread-safe verifiers, else ``"process"``), or a ``BatchScorer``
+            mode.
+        timeout_s: Per-call verifier time limit (default: the task's).
+        workers: Verifier worker processes in ``process`` mode.
+        render_chat: ``messages -> text`` (e.g. a tokenizer's ``apply_chat_template(..., tokenize=False,
+            add_generation_prompt=True)``). When given, chat prompts are sent to the backend as text; it is required
+            to append a ``request.prefix`` to a chat prompt.
+        task_options: Options for ``make_task`` when ``task`` is a string.
+    """
+
+    def __init__(self, task: Task | str, backend: GenerationBackend, sampling: SamplingConfig | None = None, *,
+                 split: Literal["train", "eval"] = "train",
+                 scorer_mode: Literal["auto", "thread", "process", "inline"] = "auto",
+                 timeout_s: float | None = None, workers: int | None = None,
+                 render_chat: Callable[[list[dict[str, str]]], str] | None = None,
+                 task_options: Mapping[str, Any] | None = None) -> None:
+        self.task = make_task(task, **(task_options or {})) if isinstance(task, str) else task
+        if not isinstance(self.task, Task):
+            raise TypeError(f"TaskEnv: task must be a Task or a task id, got {type(task).__name__}")
+        self.backend = backend
+        self.sampling = sampling or SamplingConfig(max_new_tokens=self.task.max_new_tokens or 64, stop=self.task.stop)
+        self.prompts: Sequence[Prompt] = self.task.split(split)
+        if len(self.prompts) == 0:
+            raise ValueError(f"TaskEnv: task {self.task.id!r} has no {split!r} prompts")
+        mode = scorer_mode if scorer_mode != "auto" else ("thread" if self.task.thread_safe else "process")
+        self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=timeout_s or self.task.timeout_s,
+                                  workers=workers)
+        self.render_chat = render_chat
+        self._counts = {"rounds": 0, "rollouts": 0, "tokens": 0, "truncated": 0, "reward_sum": 0.0,
+                        "generate_seconds": 0.0, "score_seconds": 0.0}
+
+    def render(self, request: RolloutRequest) -> str | list[dict[str, str]]:
+        """The backend input for one request: the rendered prompt followed by ``request.prefix``."""
+        rendered = self.task.render(request.prompt)
+        if not isinstance(rendered, str):
+            if self.render_chat is not None:
+                rendered = self.render_chat(rendered)
+            elif request.prefix:
+                raise ValueError(f"TaskEnv: task {self.task.id!r} renders chat messages; pass render_chat= to "
+                                 "append a request prefix to them")
+            else:
+                return rendered
+        return rendered + request.prefix
+
+    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        """Generate (one backend call) and score one round; ``out[i]`` holds ``requests[i].n`` rollouts."""
+        if not requests:
+            return []
+        gen = [GenerationRequest(prompt=self.render(r), seeds=tuple(int(s) for s in r.seeds),
+                                 max_new_tokens=r.max_new_tokens) for r in requests]
+        t0 = time.perf_counter()
+        outputs = self.backend.generate(gen, self.sampling)
+        t1 = time.perf_counter()
+        if len(outputs) != len(requests) or any(len(o) != r.n for o, r in zip(outputs, requests)):
+            raise RuntimeError(f"{type(self.backend).__name__}.generate returned a wrong number of completions")
+        texts = [r.prefix + c.text for r, o in zip(requests, outputs) for c in o]
+        answers = [r.prompt.answer for r, o in zip(requests, outputs) for _ in o]
+        scored = self.scorer.score(texts, answers)
+        t2 = time.perf_counter()
+        out: list[list[Rollout]] = []
+        k = 0
+        for req, comps in zip(requests, outputs):
+            group = []
+            for seed, c in zip(req.seeds, comps):
+                st = int(scored.status[k])
+                meta: dict[str, Any] = {} if st == OK else {"verifier": _STATUS[st]}
+                if req.prefix:
+                    meta["prefix"] = req.prefix
+                group.append(Rollout(
+                    prompt_id=req.prompt.id, pool_index=req.pool_index, completion=c.text,
+                    reward=float(scored.rewards[k]), num_tokens=c.num_tokens, seed=int(seed),
+                    token_ids=tuple(c.token_ids), logprobs=tuple(c.logprobs),
+                    prompt_token_ids=tuple(c.prompt_token_ids) if len(c.prompt_token_ids) else None,
+                    finish_reason=c.finish_reason, metadata=meta,
+                ))
+                self._counts["tokens"] += c.num_tokens
+                self._counts["truncated"] += c.finish_reason == "length"
+                k += 1
+            out.append(group)
+        self._counts["rounds"] += 1
+        self._counts["rollouts"] += k
+        self._counts["reward_sum"] += float(scored.rewards.sum())
+        self._counts["generate_seconds"] += t1 - t0
+        self._counts["score_seconds"] += t2 - t1
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative ``env/...`` counters since construction (verifier errors and timeouts included)."""
+        c = self._counts
+        v = self.scorer.metrics(prefix="")
+        return {
+            "env/rounds": float(c["rounds"]),
+            "env/rollouts": float(c["rollouts"]),
+            "env/tokens": float(c["tokens"]),
+            "env/truncated": float(c["truncated"]),
+            "env/reward_mean": c["reward_sum"] / c["rollouts"] if c["rollouts"] else 0.0,
+            "env/verifier_errors": v["errors"],
+            "env/verifier_timeouts": v["timeouts"],
+            "env/verifier_not_applicable": v["not_applicable"],
+            "env/verifier_worker_restarts": v["worker_restarts"],
+            "env/generate_seconds": c["generate_seconds"],
+            "env/score_seconds": c["score_seconds"],
+        }
+
+    def close(self) -> None:
+        """Stop the verifier workers (the backend belongs to the caller)."""
+        self.scorer.close()
+
+    def __enter__(self) -> TaskEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
