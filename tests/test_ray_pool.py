@@ -1,0 +1,291 @@
+"""Ray rollout pools: same results as one process, weight versions, restarts after a worker dies, clear failures."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sara import SimulatedEnv, UniformSampler, collect, make_allocator
+from sara.config import ConfigError
+from sara.envs.backends.ray_pool import (
+    LatencyEnv,
+    RayEnvPool,
+    RayRolloutPool,
+    StaleWeightsError,
+    TokenEstimator,
+    WorkerFailedError,
+    split_round,
+)
+from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+from sara.types import RolloutRequest
+
+ray = pytest.importorskip("ray")
+
+# ------------------------------------------------------------------------------------------------ split (no Ray)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.floats(0.5, 50.0)), min_size=0, max_size=30), st.integers(1, 5),
+       st.booleans())
+def test_split_round_covers_every_seed_once_and_balances(reqs, workers, split):
+    counts = [n for n, _ in reqs]
+    costs = [n * t for n, t in reqs]
+    shards = split_round(costs, counts, workers, split_requests=split)
+    assert len(shards) == workers
+    seen = [np.zeros(n, int) for n in counts]
+    load = np.zeros(workers)
+    for w, pieces in enumerate(shards):
+        assert pieces == sorted(pieces)
+        for i, a, b in pieces:
+            assert 0 <= a < b <= counts[i]
+            seen[i][a:b] += 1
+            load[w] += costs[i] * (b - a) / counts[i]
+    assert all((s == 1).all() for s in seen)
+    if costs:  # greedy LPT bound: no worker exceeds the fair share by more than its largest piece
+        biggest = max((costs[i] * (b - a) / counts[i] for p in shards for i, a, b in p), default=0.0)
+        assert load.max() <= sum(costs) / workers + biggest + 1e-9
+    assert split_round(costs, counts, workers, split_requests=split) == shards  # deterministic
+
+
+def test_split_round_balances_tokens_not_request_counts():
+    # one long request and three short ones: by count 2+2, by tokens the long one alone
+    shards = split_round([400.0, 100.0, 100.0, 100.0], [4, 4, 4, 4], 2, split_requests=False)
+    assert shards == [[(0, 0, 4)], [(1, 0, 4), (2, 0, 4), (3, 0, 4)]]
+    # a single request bigger than a fair share is cut by seeds
+    assert split_round([80.0], [8], 2) == [[(0, 0, 4)], [(0, 4, 8)]]
+    assert split_round([80.0], [8], 2, split_requests=False) == [[(0, 0, 8)], []]
+
+
+def test_token_estimator_per_key_then_global_then_default():
+    est = TokenEstimator(default=64)
+    assert est.expected("a") == 64 and est.expected("a", 10) == 10
+    est.observe("a", [10, 30])
+    assert est.expected("a") == 20 and est.expected("b") == 20
+    est.observe("b", [100])
+    assert est.expected("b") == 100 and est.expected("c") == pytest.approx(140 / 3)
+
+
+# ------------------------------------------------------------------------------------------------ Ray helpers
+
+# The helper classes below run inside Ray workers, which cannot import this test module: ship it by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SIM = functools.partial(SimulatedEnv, "u-shaped", size=500, seed=3)
+
+
+class CrashingEnv:
+    """A simulator whose worker dies in the middle of its ``call``-th rollout call, once per marker file.
+
+    ``how="kill"``: ``ray.kill`` of the actor from inside the call; ``how="exit"``: the process exits.
+    """
+
+    def __init__(self, marker: str, call: int = 1, how: str = "kill", always: bool = False) -> None:
+        self.env = SIM()
+        self.prompts = self.env.prompts
+        self.marker, self.call, self.how, self.always = marker, call, how, always
+        self.calls = 0
+
+    def counterfactual_mixed(self, *args):
+        return self.env.counterfactual_mixed(*args)
+
+    def rollout(self, requests):
+        self.calls += 1
+        if self.always or self.calls == self.call:
+            try:
+                os.remove(self.marker) if not self.always else None
+            except FileNotFoundError:
+                return self.env.rollout(requests)  # another worker already died for this marker
+            if self.how == "kill":
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                time.sleep(30)  # the kill lands while the call is in flight
+            os._exit(1)
+        return self.env.rollout(requests)
+
+
+class WeightedSimEnv(SimulatedEnv):
+    """A simulator with 'weights': ``update_weights({"rates": r})`` replaces the success rates."""
+
+    def __init__(self) -> None:
+        super().__init__("u-shaped", size=500, seed=3)
+        self.loaded: list[int] = []
+
+    def update_weights(self, state, version):
+        self.rates = np.asarray(state["rates"], np.float64)
+        self.loaded.append(version)
+
+
+class SeededBackend:
+    """A per-seed GenerationBackend: each completion is a pure function of (weights, prompt, seed)."""
+
+    def __init__(self) -> None:
+        self.bias = 0
+
+    def generate(self, requests, sampling):
+        out = []
+        for r in requests:
+            row = []
+            for s in r.seeds:
+                n = 1 + (s * 7 + self.bias) % (r.max_new_tokens or sampling.max_new_tokens)
+                row.append(Completion(text=f"{r.prompt}|{s}|{self.bias}", token_ids=tuple(range(n)),
+                                      logprobs=(-1.0,) * n, seed=s))
+            out.append(row)
+        return out
+
+    def update_weights(self, state, version):
+        self.bias = int(state["bias"])
+
+    def close(self):
+        pass
+
+
+def _run_steps(env, steps=3, allocator="sara", target=12):
+    alloc = make_allocator(allocator, k=8)
+    sampler = UniformSampler(len(env.prompts), seed=1)
+    return [collect(alloc, env, sampler, target_groups=target, seed=5) for _ in range(steps)]
+
+
+def _same(results_a, results_b):
+    for a, b in zip(results_a, results_b, strict=True):
+        assert a.groups == b.groups and a.abandoned == b.abandoned and a.discarded == b.discarded
+        sa = dataclasses.replace(a.stats, allocator_seconds=0.0, env_seconds=0.0)
+        sb = dataclasses.replace(b.stats, allocator_seconds=0.0, env_seconds=0.0)
+        assert sa == sb
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    tmp = tmp_path_factory.mktemp("ray")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             _temp_dir=str(tmp), configure_logging=False)
+    yield tmp
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _run_steps(SIM())
+
+
+# ------------------------------------------------------------------------------------------------ env pool
+
+
+@pytest.mark.ray
+def test_env_pool_matches_single_process_env(ray_cluster, reference):
+    with RayEnvPool(SIM, num_workers=2) as pool:
+        assert len(pool.prompts) == 500 and hasattr(pool, "counterfactual_mixed")
+        results = _run_steps(pool)
+        assert pool.rounds == sum(r.stats.rounds for r in results)
+        assert {i["pid"] for i in pool.worker_info()}.__len__() == 2
+    _same(results, reference)
+    assert results[0].stats.wrong_abandons is not None
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_worker_killed_mid_round_gives_identical_step(ray_cluster, reference, tmp_path, how):
+    marker = tmp_path / "die"
+    marker.touch()
+    with RayEnvPool(functools.partial(CrashingEnv, str(marker), call=2, how=how), num_workers=2) as pool:
+        results = _run_steps(pool)
+        assert not marker.exists() and sum(pool.restarts) == 1
+    _same(results, reference)
+    for r in results:
+        s = r.stats
+        assert s.rollouts == s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts
+        assert s.rollouts == sum(g.size for g in r.groups + r.abandoned + r.discarded)
+
+
+@pytest.mark.ray
+def test_worker_killed_from_another_thread_during_a_round(ray_cluster, reference):
+    slow = functools.partial(LatencyEnv, SIM, 2e-5)
+    with RayEnvPool(slow, num_workers=2) as pool:
+        victim = pool.actors[1]
+
+        def kill_during_round_two():
+            while pool.rounds < 2:
+                time.sleep(0.001)
+            ray.kill(victim, no_restart=True)
+
+        killer = threading.Thread(target=kill_during_round_two, daemon=True)
+        killer.start()
+        results = _run_steps(pool)
+        killer.join(timeout=5)
+        assert pool.restarts == [0, 1]
+    _same(results, reference)
+
+
+@pytest.mark.ray
+def test_worker_that_keeps_failing_ends_the_run_with_a_clear_error(ray_cluster, tmp_path):
+    factory = functools.partial(CrashingEnv, str(tmp_path / "unused"), how="exit", always=True)
+    with RayEnvPool(factory, num_workers=2, max_restarts=1) as pool:
+        with pytest.raises(WorkerFailedError) as info:
+            _run_steps(pool, steps=1)
+    msg = str(info.value)
+    assert "Ray worker " in msg and "CrashingEnv" in msg and "2 times in a row" in msg
+    assert "while generating rollouts (round 1:" in msg and "weights version 0" in msg
+
+
+@pytest.mark.ray
+def test_round_after_weight_update_uses_new_version_even_after_a_restart(ray_cluster):
+    local = WeightedSimEnv()
+    reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=local.prompts[i], seeds=tuple(range(10 * i, 10 * i + 8)))
+            for i in range(20)]
+    with RayEnvPool(WeightedSimEnv, num_workers=2) as pool:
+        assert pool.rollout(reqs) == local.rollout(reqs)
+        with pytest.raises(ValueError, match="must increase"):
+            pool.update_weights({"rates": np.ones(500)}, version=0)
+        for version, rate in ((1, 1.0), (2, 0.0)):
+            pool.update_weights({"rates": np.full(500, rate)}, version=version)
+            assert [i["version"] for i in pool.worker_info()] == [version, version]
+            out = pool.rollout(reqs)
+            assert all(r.reward == rate for rs in out for r in rs)
+        assert ray.get(pool.actors[0].attribute.remote("loaded")) == [1, 2]
+        # a worker that dies after the update comes back with the current weights
+        ray.kill(pool.actors[0], no_restart=True)
+        out = pool.rollout(reqs)
+        assert all(r.reward == 0.0 for rs in out for r in rs) and pool.restarts == [1, 0]
+        assert [i["version"] for i in pool.worker_info()] == [2, 2]
+        # an actor asked to generate with another version refuses
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(pool.actors[1].call.remote("rollout", 1, reqs))
+        assert isinstance(info.value.cause, StaleWeightsError)
+
+
+@pytest.mark.ray
+def test_pool_rejects_resources_the_cluster_cannot_provide(ray_cluster):
+    with pytest.raises(ConfigError, match="num_gpus"):
+        RayEnvPool(SIM, num_workers=2, num_gpus=1)
+    with pytest.raises(ConfigError, match="balance"):
+        RayEnvPool(SIM, num_workers=2, balance="random")
+
+
+# ------------------------------------------------------------------------------------------------ backend pool
+
+
+@pytest.mark.ray
+def test_rollout_pool_returns_request_order_independent_of_split(ray_cluster):
+    reqs = [GenerationRequest(prompt=f"p{i}", seeds=tuple(range(i, i + 1 + i % 5)), max_new_tokens=8 + i)
+            for i in range(15)] + [GenerationRequest(prompt="big", seeds=tuple(range(100, 132)))]
+    sampling = SamplingConfig(max_new_tokens=16)
+    local = SeededBackend()
+    with RayRolloutPool(SeededBackend, num_workers=2) as pool:
+        assert pool.generate(reqs, sampling) == local.generate(reqs, sampling)
+        assert pool.generate(reqs[::-1], sampling) == local.generate(reqs[::-1], sampling)
+        pool.update_weights({"bias": 3}, version=1)
+        local.update_weights({"bias": 3}, 1)
+        out = pool.generate(reqs, sampling)
+        assert out == local.generate(reqs, sampling) and out[0][0].text.endswith("|3")
+        assert pool.generate([], sampling) == []
+    with RayRolloutPool(SeededBackend, num_workers=3, balance="requests", split_requests=False) as pool:
+        assert pool.generate(reqs, sampling) == SeededBackend().generate(reqs, sampling)
+
