@@ -84,7 +84,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
     timer = _Timer()
     decisions_before = allocator.metrics().get("alloc/decisions", 0.0)
     with timer("allocator"):
-        allocator.begin_step(cfg.target_groups, step)
+        allocator.begin_step(cfg.target_groups, step, max_rollouts=cfg.max_rollouts)
     step_ = allocator.step
     k = allocator.k
 

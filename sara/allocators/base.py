@@ -237,6 +237,7 @@ class BudgetAllocator(ABC):
         self.config = config
         self.units = UnitTable()
         self.target_groups = 0
+        self.max_rollouts: int | None = None
         self.step = -1
         self._counters: dict[str, float] = {
             "steps": 0, "units": 0, "committed": 0, "abandoned": 0, "discarded": 0, "rollouts": 0, "decisions": 0,
@@ -247,10 +248,11 @@ class BudgetAllocator(ABC):
         return self.config.k
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
-    def begin_step(self, target_groups: int, step: int | None = None) -> None:
-        """Start a collection step that aims at ``target_groups`` committed groups."""
+    def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
+        """Start a collection step that aims at ``target_groups`` committed groups within ``max_rollouts``."""
         self.units = UnitTable()
         self.target_groups = int(target_groups)
+        self.max_rollouts = None if max_rollouts is None else int(max_rollouts)
         self.step = self.step + 1 if step is None else int(step)
         self._counters["steps"] += 1
 
@@ -301,6 +303,17 @@ class BudgetAllocator(ABC):
         self._counters["discarded"] += int((dec == Decision.DISCARD).sum())
         return dec
 
+    def _affordable_units(self) -> int | None:
+        """Fresh units the step's rollout budget can still pay a full group for, after reserving ``k - n`` rollouts
+        for every open unit (the paper's fixed-budget semantics: a prompt holds a budget of k; abandoning frees the
+        rest). None = no budget."""
+        if self.max_rollouts is None:
+            return None
+        u = self.units
+        open_ = u.status <= UnitStatus.FILLING
+        spare = self.max_rollouts - int(u.n.sum()) - int((self.k - u.n[open_]).clip(min=0).sum())
+        return max(0, -(-spare // self.k))  # ceil: the last unit may get a partial budget (cut by collect)
+
     def _needed(self) -> int:
         """Groups still needed: target minus units committed or committed-and-filling."""
         st = self.units.status
@@ -338,13 +351,22 @@ class SequentialConfig(AllocatorConfig):
     completion: Literal["complete", "as_is"] = "complete"
     """'complete': a committed group is filled up to k rollouts. 'as_is': it is kept at the size it has (variable-size
     groups, always >= 2 when committed because it is mixed)."""
-    oversample: float = Field(1.0, ge=1.0, le=16.0)
-    """Units probed in parallel = ceil(groups still needed x oversample). 1.0 wastes nothing at the end of a step;
-    larger values take fewer rounds at the cost of discarding in-flight units when the target is reached."""
+    oversample: float | Literal["auto"] = "auto"
+    """Units probed in parallel = ceil(groups still needed x oversample). 'auto' uses 1 / (estimated fraction of
+    units that get committed), so one round's worth of probes is expected to fill the target and a step takes a few
+    rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds). Units
+    still probing when the target is reached keep being probed to a decision (surplus committed groups are kept)."""
     alpha0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-successes (1.0 with beta0 = 1.0 is the paper's uniform prior)."""
     beta0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-failures."""
+
+    @field_validator("oversample")
+    @classmethod
+    def _check_oversample(cls, v: float | str) -> float | str:
+        if v != "auto" and not 1.0 <= float(v) <= 64.0:
+            raise ValueError("oversample must be 'auto' or a number in [1, 64]")
+        return v
 
     @field_validator("probe", mode="before")
     @classmethod
@@ -379,6 +401,7 @@ class SequentialAllocator(BudgetAllocator):
                  **overrides: Any) -> None:
         super().__init__(config, **overrides)
         self.prior: Prior = prior if prior is not None else ConstantPrior(self.config.alpha0, self.config.beta0)
+        self._commit_rate = 0.5  # EMA over steps of the fraction of units committed (sizes 'auto' oversampling)
 
     # The one hook ------------------------------------------------------------------------------------------------
     def decide(self, units: UnitView) -> np.ndarray:
@@ -390,8 +413,22 @@ class SequentialAllocator(BudgetAllocator):
         return self.prior.params(pool_index)
 
     def wants_prompts(self) -> int:
-        probing = int((self.units.status == UnitStatus.PROBING).sum())
-        return max(0, math.ceil(self._needed() * self.config.oversample) - probing)
+        st = self.units.status
+        probing = int((st == UnitStatus.PROBING).sum())
+        factor = self.config.oversample
+        if factor == "auto":
+            # Fraction of decided units that were committed, this step and (EMA) earlier ones; Laplace-smoothed.
+            won = self._step_commits + 1.0 + 4.0 * self._commit_rate
+            decided = int((st >= UnitStatus.FILLING).sum()) + 2.0 + 4.0
+            factor = min(1.0 / max(won / decided, 1.0 / 16.0), 16.0)
+        want = max(0, math.ceil(self._needed() * float(factor)) - probing)
+        cap = self._affordable_units()
+        return want if cap is None else min(want, cap)
+
+    @property
+    def _step_commits(self) -> int:
+        st = self.units.status
+        return int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum())
 
     def plan(self) -> tuple[np.ndarray, np.ndarray]:
         u, k = self.units, self.k
@@ -454,13 +491,18 @@ class SequentialAllocator(BudgetAllocator):
         probing = np.flatnonzero(u.status == UnitStatus.PROBING)
         d_probe = self._close(probing, Decision.DISCARD)
         self.prior.update(u.pool_index, u.n, u.rsum, self.step)
+        if len(u):
+            rate = float((u.status == UnitStatus.COMMITTED).mean())
+            self._commit_rate = 0.5 * self._commit_rate + 0.5 * rate
         return np.concatenate([filling, probing]), np.concatenate([d_fill, d_probe])
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["prior"] = self.prior.state_dict()
+        state["commit_rate"] = self._commit_rate
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.prior.load_state_dict(state.get("prior", {}))
+        self._commit_rate = float(state.get("commit_rate", 0.5))

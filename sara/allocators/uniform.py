@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+
 import numpy as np
 from pydantic import Field
 
@@ -21,8 +22,8 @@ class _FullGroupAllocator(BudgetAllocator):
     def _max_batches(self) -> int:
         return 1
 
-    def begin_step(self, target_groups: int, step: int | None = None) -> None:
-        super().begin_step(target_groups, step)
+    def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
+        super().begin_step(target_groups, step, max_rollouts)
         self.batches = 0
 
     def wants_prompts(self) -> int:
@@ -30,7 +31,8 @@ class _FullGroupAllocator(BudgetAllocator):
         if open_ or self._needed() == 0 or self.batches >= self._max_batches():
             return 0
         self.batches += 1
-        return self._batch_size()
+        cap = self._affordable_units()
+        return self._batch_size() if cap is None else min(self._batch_size(), max(cap, 1))
 
     def plan(self) -> tuple[np.ndarray, np.ndarray]:
         ids = np.flatnonzero(self.units.status == UnitStatus.PROBING)
@@ -64,9 +66,10 @@ class DynamicSamplingConfig(AllocatorConfig):
     gen_batch_prompts: int | None = Field(None, ge=1)
     """Prompts per generation batch (each gets k rollouts). None = the number of groups still needed, divided by
     ``expected_effective`` (so one batch usually suffices)."""
-    expected_effective: float = Field(1.0, gt=0.0, le=1.0)
-    """Guess of the effective-group fraction used to size a batch when gen_batch_prompts is None (1.0 = no
-    oversampling: batches of exactly the number of groups still needed, DAPO's refill loop)."""
+    expected_effective: float | None = Field(None, gt=0.0, le=1.0)
+    """Effective-group fraction used to size a batch when gen_batch_prompts is None: a batch is
+    ceil(groups still needed / expected_effective) prompts. None = estimate it from this step's batches so far (the
+    first batch is exactly the number of groups needed, DAPO's refill loop)."""
     max_gen_batches: int = Field(64, ge=1)
     """Stop after this many generation batches and return what was collected (status 'allocator_done')."""
 
@@ -81,7 +84,12 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
     def _batch_size(self) -> int:
         if self.config.gen_batch_prompts is not None:
             return self.config.gen_batch_prompts
-        return max(1, math.ceil(self._needed() / self.config.expected_effective))
+        frac = self.config.expected_effective
+        if frac is None:
+            st = self.units.status
+            done = int((st >= UnitStatus.COMMITTED).sum())
+            frac = (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
+        return max(1, math.ceil(self._needed() / max(frac, 1.0 / 64)))
 
     def _max_batches(self) -> int:
         return self.config.max_gen_batches

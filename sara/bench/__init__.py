@@ -1,0 +1,1 @@
+"""Benchmarks behind ``sara bench``: allocation efficiency in simulation, decision throughput."""

@@ -1,0 +1,163 @@
+"""The allocation benchmark: rollouts per effective group of each allocator on a simulated prompt pool.
+
+Every allocator runs on the same pool, the same prompt order and the same per-rollout random numbers (rewards are a
+function of the rollout seed), so ratios are paired comparisons measured in one run. DS is always measured as the
+reference (added if not asked for).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sara.allocators import make_allocator, make_sampler
+from sara.collect import collect
+from sara.envs.simulated import SimulatedEnv
+from sara.types import CollectStats
+
+__all__ = ["AllocationBenchConfig", "AllocatorResult", "run_allocation_bench", "format_table", "plot_results"]
+
+
+@dataclass
+class AllocationBenchConfig:
+    """Options of ``sara bench allocation`` (validated by the CLI; see ``--help``)."""
+
+    population: str = "u-shaped"
+    k: int = 8
+    target_groups: int = 512
+    seeds: int = 3
+    pool_size: int = 20_000
+    steps: int = 1
+    allocators: Sequence[str] = ("uniform", "ds", "sara:tau_low=0.45,probe=1")
+    sampler: str = "uniform"
+    reference: str = "ds"
+
+
+@dataclass
+class AllocatorResult:
+    """Aggregated over seeds and steps. Ratios are relative to the reference (DS) in the same run."""
+
+    allocator: str
+    rollouts_per_effective_group: float
+    tokens_per_effective_group: float
+    ratio_vs_ds: float
+    token_ratio_vs_ds: float
+    wrong_abandon_rate: float
+    rounds_per_step: float
+    allocator_seconds_per_decision: float
+    waste_fraction: float
+    effective_fraction: float
+    abandon_rate: float
+    rollouts: int
+    effective_groups: int
+    ratio_vs_ds_per_seed: list[float] = field(default_factory=list)
+    stop_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> list[CollectStats]:
+    env = SimulatedEnv(cfg.population, size=cfg.pool_size, seed=seed)
+    allocator = make_allocator(spec, k=cfg.k)
+    sampler = make_sampler(cfg.sampler, len(env.prompts), seed=seed)
+    return [collect(allocator, env, sampler, target_groups=cfg.target_groups, seed=seed, step=t).stats
+            for t in range(cfg.steps)]
+
+
+def _aggregate(spec: str, per_seed: list[list[CollectStats]]) -> dict[str, Any]:
+    flat = [s for seed_stats in per_seed for s in seed_stats]
+
+    def tot(name: str) -> float:
+        return float(sum(getattr(s, name) or 0 for s in flat))
+
+    eff = max(tot("effective_groups"), 1.0)
+    reasons: dict[str, int] = {}
+    for s in flat:
+        reasons[s.stop_reason] = reasons.get(s.stop_reason, 0) + 1
+    return {
+        "allocator": spec,
+        "rollouts_per_effective_group": tot("rollouts") / eff,
+        "tokens_per_effective_group": tot("tokens") / eff,
+        "wrong_abandon_rate": tot("wrong_abandons") / tot("abandoned_groups") if tot("abandoned_groups") else 0.0,
+        "rounds_per_step": tot("rounds") / len(flat),
+        "allocator_seconds_per_decision": tot("allocator_seconds") / max(tot("decisions"), 1.0),
+        "waste_fraction": 1.0 - tot("effective_rollouts") / tot("rollouts") if tot("rollouts") else 0.0,
+        "effective_fraction": tot("effective_groups") / max(tot("committed_groups"), 1.0),
+        "abandon_rate": tot("abandoned_groups") / max(tot("prompts_drawn"), 1.0),
+        "rollouts": int(tot("rollouts")),
+        "effective_groups": int(tot("effective_groups")),
+        "_per_seed_rpeg": [sum(s.rollouts for s in ss) / max(sum(s.effective_groups for s in ss), 1) for ss in per_seed],
+        "stop_reasons": reasons,
+    }
+
+
+def run_allocation_bench(cfg: AllocationBenchConfig) -> dict[str, Any]:
+    """Run every allocator on ``cfg.seeds`` simulated pools; return ``{"config": ..., "results": [...]}``."""
+    specs = list(dict.fromkeys(cfg.allocators))
+    ref_added = cfg.reference not in specs
+    runs = {spec: _aggregate(spec, [_run_one(spec, cfg, seed) for seed in range(cfg.seeds)])
+            for spec in ([cfg.reference] if ref_added else []) + specs}
+    ref = runs[cfg.reference]
+    results = []
+    for spec in specs:
+        r = dict(runs[spec])
+        per_seed = r.pop("_per_seed_rpeg")
+        r["ratio_vs_ds"] = r["rollouts_per_effective_group"] / ref["rollouts_per_effective_group"]
+        r["token_ratio_vs_ds"] = r["tokens_per_effective_group"] / ref["tokens_per_effective_group"]
+        r["ratio_vs_ds_per_seed"] = [a / b for a, b in zip(per_seed, ref["_per_seed_rpeg"])]
+        results.append(asdict(AllocatorResult(**r)))
+    return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+            "reference_added": ref_added, "results": results}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A markdown table of the main columns."""
+    cols = [("allocator", "allocator", "{}"), ("rollouts/eff. group", "rollouts_per_effective_group", "{:.2f}"),
+            ("× DS", "ratio_vs_ds", "{:.3f}"), ("tokens × DS", "token_ratio_vs_ds", "{:.3f}"),
+            ("wrong-abandon", "wrong_abandon_rate", "{:.3f}"), ("waste", "waste_fraction", "{:.3f}"),
+            ("rounds/step", "rounds_per_step", "{:.1f}"), ("µs/decision", "allocator_seconds_per_decision", "{:.3f}")]
+    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in report["results"]:
+        vals = [fmt.format(r[key] * 1e6 if key == "allocator_seconds_per_decision" else r[key]) for _, key, fmt in cols]
+        lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def plot_results(report: dict[str, Any], path: str | Path) -> Path | None:
+    """Bar chart of rollouts per effective group relative to DS, wrong-abandon rate annotated (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    res = report["results"]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(res)), 3.6))
+    ratios = [r["ratio_vs_ds"] for r in res]
+    errs = [float(np.std(r["ratio_vs_ds_per_seed"])) for r in res]
+    bars = ax.bar(range(len(res)), ratios, yerr=errs, color="#4c72b0", capsize=3)
+    for b, r in zip(bars, res):
+        ax.annotate(f"wrong-ab. {r['wrong_abandon_rate']:.1%}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=7, xytext=(0, 3), textcoords="offset points")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(res)), [r["allocator"] for r in res], rotation=20, ha="right", fontsize=7)
+    c = report["config"]
+    ax.set_ylabel("rollouts per effective group ÷ DS")
+    ax.set_title(f"population={c['population']}  k={c['k']}  target={c['target_groups']}  seeds={c['seeds']}", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_json(report: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    return path

@@ -1,0 +1,91 @@
+"""``sara bench allocation`` and ``sara bench decisions``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sara.config import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (allocation efficiency, decision throughput)")
+    bsub = bench.add_subparsers(dest="bench", metavar="<benchmark>")
+
+    p = bsub.add_parser("allocation", help="rollouts per effective group of allocators on a simulated prompt pool",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--population", default="u-shaped",
+                   help="u-shaped | mid-training | uniform | beta:A,B | file:PATH (one success rate per line)")
+    p.add_argument("--k", type=int, default=8, help="group size")
+    p.add_argument("--target-groups", type=int, default=512, help="committed groups per step")
+    p.add_argument("--seeds", type=int, default=3, help="independent pools (seeds 0..N-1)")
+    p.add_argument("--pool-size", type=int, default=20_000, help="prompts per simulated pool")
+    p.add_argument("--steps", type=int, default=1, help="collection steps per seed")
+    p.add_argument("--allocators", default="uniform,ds,sara:tau_low=0.45,probe=1",
+                   help="allocator specs separated by ';' or ',' between specs (name:key=value,key=value)")
+    p.add_argument("--sampler", default="uniform", help="prompt sampler spec")
+    p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    p.add_argument("--plot", default=None, help="write the PNG plot here (default: next to --json, or runs/)")
+    p.add_argument("--out", default="runs/bench-allocation", help="directory for the default JSON/PNG outputs")
+    p.set_defaults(func=_allocation)
+
+    d = bsub.add_parser("decisions", help="vectorized decision throughput of an allocator",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d.add_argument("--units", type=int, default=1_000_000)
+    d.add_argument("--rounds", type=int, default=4)
+    d.add_argument("--k", type=int, default=8)
+    d.add_argument("--allocator", default="sara:tau_low=0.45")
+    d.set_defaults(func=_decisions)
+    bench.set_defaults(func=lambda args: bench.print_help() or 2)
+
+
+def split_specs(text: str) -> list[str]:
+    """Split a list of allocator specs. Specs are separated by ';', or by ',' when the next item starts a new spec
+    (contains no '=' before any ':'), so ``ds,sara:tau_low=0.45,probe=1`` is two specs."""
+    if ";" in text:
+        return [s.strip() for s in text.split(";") if s.strip()]
+    specs: list[str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        starts_new = "=" not in item or (":" in item and item.index(":") < item.index("="))
+        if specs and not starts_new:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
+
+
+def _allocation(args: argparse.Namespace) -> int:
+    from sara.bench.allocation import (
+        AllocationBenchConfig,
+        format_table,
+        plot_results,
+        run_allocation_bench,
+        write_json,
+    )
+
+    for name in ("k", "target_groups", "seeds", "pool_size", "steps"):
+        if getattr(args, name) < (2 if name == "k" else 1):
+            raise ConfigError(f"bench allocation: field '{name}': must be >= {2 if name == 'k' else 1} "
+                              f"(got {getattr(args, name)})")
+    cfg = AllocationBenchConfig(population=args.population, k=args.k, target_groups=args.target_groups,
+                                seeds=args.seeds, pool_size=args.pool_size, steps=args.steps,
+                                allocators=split_specs(args.allocators), sampler=args.sampler)
+    report = run_allocation_bench(cfg)
+    print(format_table(report))
+    out = Path(args.out)
+    json_path = Path(args.json_out) if args.json_out else out / "allocation.json"
+    write_json(report, json_path)
+    plot_path = plot_results(report, args.plot or json_path.with_suffix(".png"))
+    print(f"\nJSON: {json_path}" + (f"   plot: {plot_path}" if plot_path else ""))
+    return 0
+
+
+def _decisions(args: argparse.Namespace) -> int:
+    from sara.bench.decisions import run_decision_bench
+
+    res = run_decision_bench(units=args.units, rounds=args.rounds, k=args.k, spec=args.allocator)
+    print(json.dumps(res, indent=2))
+    return 0

@@ -1,0 +1,145 @@
+"""``check_allocator``: conformance checks for any ``BudgetAllocator`` (run them on your own subclasses).
+
+Checks, each on a simulated pool:
+1. termination: a step ends by a real stop condition, not by hitting the round limit;
+2. budget: with a rollout budget, never more rollouts than the budget;
+3. accounting: every rollout ends in exactly one committed / abandoned / discarded group; unit ids are unique; group
+   sizes are >= 1 and committed groups are not larger than ``k`` (unless ``max_group_size`` says otherwise);
+4. determinism: two copies with the same seed produce identical groups and rewards;
+5. state: ``state_dict`` -> ``load_state_dict`` into a fresh copy continues exactly like the original.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sara.allocators.base import BudgetAllocator
+from sara.allocators.samplers import UniformSampler
+from sara.collect import collect
+from sara.envs.base import RolloutEnv
+from sara.envs.simulated import SimulatedEnv
+from sara.types import CollectResult, Decision
+
+__all__ = ["check_allocator", "AllocatorCheckError"]
+
+
+class AllocatorCheckError(AssertionError):
+    """An allocator broke one of the conformance rules; the message says which and how."""
+
+
+def _fingerprint(res: CollectResult) -> list[tuple[Any, ...]]:
+    return [(g.group_id, g.pool_index, int(g.decision), tuple(r.reward for r in g.rollouts), tuple(r.seed for r in g.rollouts))
+            for g in (*res.groups, *res.abandoned, *res.discarded)]
+
+
+def _check_accounting(res: CollectResult, allocator: BudgetAllocator, max_group_size: int | None) -> None:
+    s = res.stats
+    name = type(allocator).__name__
+    if s.rollouts != s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts:
+        raise AllocatorCheckError(f"{name}: rollouts {s.rollouts} != committed + abandoned + discarded")
+    if s.tokens != s.committed_tokens + s.abandoned_tokens + s.discarded_tokens:
+        raise AllocatorCheckError(f"{name}: tokens do not add up")
+    groups = (*res.groups, *res.abandoned, *res.discarded)
+    ids = [g.group_id for g in groups]
+    if len(ids) != len(set(ids)):
+        raise AllocatorCheckError(f"{name}: a unit was closed twice (duplicate group ids)")
+    if sum(g.size for g in groups) != s.rollouts:
+        raise AllocatorCheckError(f"{name}: groups hold {sum(g.size for g in groups)} rollouts, {s.rollouts} generated")
+    for bucket, want in ((res.groups, Decision.COMMIT), (res.abandoned, Decision.ABANDON), (res.discarded, Decision.DISCARD)):
+        if any(g.decision != want for g in bucket):
+            raise AllocatorCheckError(f"{name}: a group in the {want.name} bucket carries another decision")
+    if any(g.size < 1 for g in res.groups):
+        raise AllocatorCheckError(f"{name}: committed an empty group")
+    cap = max_group_size if max_group_size is not None else allocator.k
+    big = [g.size for g in res.groups if g.size > cap]
+    if big:
+        raise AllocatorCheckError(f"{name}: committed groups larger than {cap}: sizes {big[:5]}")
+    if s.effective_groups != sum(g.is_effective(allocator.config.eps) for g in res.groups):
+        raise AllocatorCheckError(f"{name}: effective_groups does not match the committed groups")
+
+
+def check_allocator(
+    allocator: BudgetAllocator | Callable[[], BudgetAllocator],
+    *,
+    env_factory: Callable[[int], RolloutEnv] | None = None,
+    target_groups: int = 48,
+    steps: int = 2,
+    seeds: tuple[int, ...] = (0, 1),
+    max_rounds: int = 500,
+    max_group_size: int | None = None,
+) -> dict[str, Any]:
+    """Run the conformance checks; raise ``AllocatorCheckError`` on the first violation.
+
+    Args:
+        allocator: An allocator (deep-copied, never mutated) or a zero-argument factory.
+        env_factory: ``seed -> RolloutEnv``; default a u-shaped ``SimulatedEnv`` of 4,000 prompts.
+        target_groups: Groups per step.
+        steps: Steps per run (state carried across steps, as in training).
+        seeds: Seeds to run.
+        max_rounds: A step that needs more rounds than this is reported as not terminating.
+        max_group_size: Largest allowed committed group (default ``allocator.k``).
+
+    Returns:
+        A summary: per seed the stop reasons, rollouts and effective groups.
+    """
+    if isinstance(allocator, BudgetAllocator):
+        template = copy.deepcopy(allocator)
+
+        def make() -> BudgetAllocator:
+            return copy.deepcopy(template)
+    else:
+        make = allocator
+    env_factory = env_factory or (lambda seed: SimulatedEnv("u-shaped", size=4000, seed=seed))
+    summary: dict[str, Any] = {}
+    for seed in seeds:
+        runs = []
+        for _ in range(2):  # twice: determinism
+            alloc, env = make(), env_factory(seed)
+            sampler = UniformSampler(len(env.prompts), seed=seed)
+            results = []
+            for t in range(steps):
+                res = collect(alloc, env, sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed, step=t)
+                if res.stats.stop_reason == "max_rounds":
+                    raise AllocatorCheckError(f"{type(alloc).__name__}: step {t} did not terminate within {max_rounds} rounds")
+                _check_accounting(res, alloc, max_group_size)
+                results.append(res)
+            runs.append((alloc, sampler, results))
+        a, b = ([fp for r in run[2] for fp in _fingerprint(r)] for run in runs)
+        if a != b:
+            raise AllocatorCheckError(f"{type(runs[0][0]).__name__}: two runs with seed {seed} differ (not deterministic)")
+
+        # Budget: a step with a hard budget never exceeds it.
+        alloc, env = make(), env_factory(seed)
+        budget = max(1, target_groups * alloc.k // 3)
+        res = collect(alloc, env, UniformSampler(len(env.prompts), seed=seed), target_groups=target_groups,
+                      max_rollouts=budget, max_rounds=max_rounds, seed=seed)
+        _check_accounting(res, alloc, max_group_size)
+        if res.stats.rollouts > budget:
+            raise AllocatorCheckError(f"{type(alloc).__name__}: {res.stats.rollouts} rollouts exceed the budget {budget}")
+
+        # State: restore the state after step 0 into a fresh copy and replay step 1.
+        results0 = runs[0][2]
+        ref, env = make(), env_factory(seed)
+        ref_sampler = UniformSampler(len(env.prompts), seed=seed)
+        collect(ref, env, ref_sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed, step=0)
+        state = copy.deepcopy(ref.state_dict())
+        restored = make()
+        restored.load_state_dict(state)
+        s_state = ref_sampler.state_dict()
+        after_ref = collect(ref, env, ref_sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed, step=1)
+        sampler2 = UniformSampler(len(env.prompts), seed=seed)
+        sampler2.load_state_dict(s_state)
+        after_restored = collect(restored, env_factory(seed), sampler2, target_groups=target_groups,
+                                 max_rounds=max_rounds, seed=seed, step=1)
+        if _fingerprint(after_ref) != _fingerprint(after_restored):
+            raise AllocatorCheckError(f"{type(ref).__name__}: state_dict/load_state_dict does not restore the allocator")
+        summary[f"seed{seed}"] = {
+            "stop_reasons": [r.stats.stop_reason for r in results0],
+            "rollouts": int(np.sum([r.stats.rollouts for r in results0])),
+            "effective_groups": int(np.sum([r.stats.effective_groups for r in results0])),
+        }
+    return summary
