@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -302,3 +304,30 @@ def test_gae_adapter_requires_values() -> None:
     inputs.values = None
     with pytest.raises(ValueError, match="values"):
         ADVANTAGES.get("gae")(inputs)
+
+
+# ------------------------------------------------------------------------------------------------------ properties
+@settings(max_examples=40, deadline=None)
+@given(
+    groups=st.lists(
+        st.lists(st.sampled_from([0.0, 1.0, 0.5, 0.25]), min_size=1, max_size=9), min_size=1, max_size=8
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_group_baseline_properties(groups: list[list[float]], seed: int) -> None:
+    r = torch.tensor([x for grp in groups for x in grp], dtype=torch.float64)
+    labels = torch.randperm(1000, generator=torch.Generator().manual_seed(seed))[: len(groups)] - 500
+    g = torch.cat([torch.full((len(grp),), int(lab)) for grp, lab in zip(groups, labels)])
+    adv_g = grpo_advantages(r, g, eps=0.0)
+    adv_dr = grpo_advantages(r, g, normalize_std=False)
+    adv_r = rloo_advantages(r, g)
+    for lab, grp in zip(labels.tolist(), groups):
+        sel = g == lab
+        mixed = len(set(grp)) > 1
+        for adv in (adv_g, adv_dr, adv_r):
+            assert adv[sel].sum().item() == pytest.approx(0.0, abs=1e-9)  # advantages sum to zero per group
+            assert bool((adv[sel] == 0).all()) == (not mixed)  # exactly zero iff singleton / saturated
+        if mixed:
+            assert adv_g[sel].std().item() == pytest.approx(1.0, rel=1e-9)  # unit unbiased std per group
+            k = len(grp)
+            assert torch.allclose(adv_r[sel], adv_dr[sel] * k / (k - 1))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -241,7 +242,7 @@ class AlgoSpec:
         adv_kwargs = dict(self.advantage_kwargs) if adv_name == self.advantage else {}
         for key, value in overrides.items():
             if key in fields and key != "advantage_kwargs":
-                data[key] = _coerce(self.name, key, fields[key].type, value)
+                data[key] = _coerce(self.name, key, _field_types()[key], value)
             elif key in params:
                 default = params[key]
                 data_type = type(default) if default is not None else Any
@@ -267,25 +268,23 @@ class AlgoSpec:
         return out
 
 
-_TYPES = {"float": float, "int": int, "bool": bool, "str": str, "float | None": float | None}
-
-
 def _coerce(algo: str, key: str, tp: Any, value: Any) -> Any:
-    if isinstance(tp, str):  # annotations are strings under `from __future__ import annotations`
-        tp = _TYPES.get(tp, Any) if tp != "KLMode" else KLMode
     adapter = TypeAdapter(tp)
     try:
         return adapter.validate_python(value)
     except ValidationError as exc:
-        if (
-            isinstance(value, str) and value.strip().lower() == "none"
-        ):  # "value_clip=none" on the command line
+        # "value_clip=none" on the command line means None where the field admits it
+        if isinstance(value, str) and value.strip().lower() == "none":
             try:
                 return adapter.validate_python(None)
             except ValidationError:
                 pass
         msg = exc.errors()[0]["msg"]
         raise ConfigError(f"algorithm {algo!r}: field {key!r}: {msg} (got {value!r})") from None
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(AlgoSpec)
 
 
 def _estimator_params(fn: Any) -> dict[str, Any]:
