@@ -24,7 +24,7 @@ __all__ = ["TextTaskEnv", "register_gym_envs", "observation_text"]
 
 ACTION_CHARSET = string.printable
 """Characters of sampled actions (``action_space.sample()``); ``step`` accepts any string."""
-MAX_ACTION_CHARS = 1 << 20
+MAX_ACTION_CHARS = 4096
 
 
 def observation_text(task: Task, prompt: Prompt) -> str:
