@@ -184,6 +184,7 @@ def test_make_algo_options_and_errors() -> None:
 def test_custom_spec_and_pickling() -> None:
     spec = AlgoSpec(name="my_rloo", advantage="rloo", loss_agg_mode="seq-mean-token-mean", min_group_size=2)
     assert pickle.loads(pickle.dumps(spec)) == spec
+    assert len({spec, make_algo(spec), ALGOS.get("rloo")}) == 2  # hashable despite the kwargs dict
     with pytest.raises(ConfigError, match="advantage_kwargs"):
         AlgoSpec(name="bad", advantage="rloo", advantage_kwargs={"gamma": 1.0})
     with pytest.raises(ConfigError, match="advantage"):

@@ -143,6 +143,9 @@ class AlgoSpec:
                 f"{self.advantage!r} takes no {unknown}; it takes {sorted(params) or 'nothing'}",
             )
 
+    def __hash__(self) -> int:  # the generated hash would fail on the advantage_kwargs dict
+        return hash(repr(self))
+
     # ------------------------------------------------------------------------------------------ what the trainer supplies
     @property
     def needs_reference(self) -> bool:
