@@ -164,3 +164,18 @@ def test_collect_end_to_end(env: TaskEnv) -> None:
     rewards, _ = result.flat()
     assert set(np.unique(rewards)) <= {0.0, 1.0}
     assert env.metrics()["env/rollouts"] == result.stats.rollouts
+
+
+def test_shared_scorer_is_not_closed_by_the_env() -> None:
+    from sara.envs import TaskEnv as Exported
+    from sara.envs.tasks.scoring import BatchScorer
+
+    task = make_task("sara/Arithmetic-v0", pool_size=10, eval_size=4)
+    with BatchScorer(task.verifier, mode="inline") as scorer:
+        train = Exported(task, FakeBackend(), scorer=scorer)
+        held_out = TaskEnv(task, FakeBackend(), split="eval", scorer=scorer)
+        assert train.scorer is held_out.scorer is scorer
+        train.rollout(_requests(train, [(0, [1, 2])]))
+        held_out.rollout(_requests(held_out, [(1, [3])]))
+        train.close()
+        assert scorer.metrics()["verifier/calls"] == 3 and train.metrics()["env/rollouts"] == 2

@@ -5,6 +5,7 @@ Heavy backends (vLLM, transformers, Ray) live in ``sara.envs.backends`` and impo
 
 from sara.envs.base import Completion, GenerationBackend, GenerationRequest, RolloutEnv, SamplingConfig
 from sara.envs.simulated import POPULATIONS, SimulatedEnv, SimulatedEnvConfig, make_population
+from sara.envs.task_env import TaskEnv
 
 __all__ = [
     "Completion",
@@ -15,5 +16,6 @@ __all__ = [
     "SamplingConfig",
     "SimulatedEnv",
     "SimulatedEnvConfig",
+    "TaskEnv",
     "make_population",
 ]

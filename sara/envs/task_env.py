@@ -42,6 +42,8 @@ class TaskEnv:
             add_generation_prompt=True)``). When given, chat prompts are sent to the backend as text; it is required
             to append a ``request.prefix`` to a chat prompt.
         task_options: Options for ``make_task`` when ``task`` is a string.
+        scorer: A ``BatchScorer`` to use (e.g. shared by a training and an evaluation env, so worker processes are
+            started once); its owner closes it. Overrides ``scorer_mode``, ``timeout_s`` and ``workers``.
     """
 
     def __init__(self, task: Task | str, backend: GenerationBackend, sampling: SamplingConfig | None = None, *,
@@ -49,7 +51,7 @@ class TaskEnv:
                  scorer_mode: Literal["auto", "thread", "process", "inline"] = "auto",
                  timeout_s: float | None = None, workers: int | None = None,
                  render_chat: Callable[[list[dict[str, str]]], str] | None = None,
-                 task_options: Mapping[str, Any] | None = None) -> None:
+                 task_options: Mapping[str, Any] | None = None, scorer: BatchScorer | None = None) -> None:
         self.task = make_task(task, **(task_options or {})) if isinstance(task, str) else task
         if not isinstance(self.task, Task):
             raise TypeError(f"TaskEnv: task must be a Task or a task id, got {type(task).__name__}")
@@ -58,9 +60,12 @@ class TaskEnv:
         self.prompts: Sequence[Prompt] = self.task.split(split)
         if len(self.prompts) == 0:
             raise ValueError(f"TaskEnv: task {self.task.id!r} has no {split!r} prompts")
-        mode = scorer_mode if scorer_mode != "auto" else ("thread" if self.task.thread_safe else "process")
-        self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=timeout_s or self.task.timeout_s,
-                                  workers=workers)
+        self._owns_scorer = scorer is None
+        if scorer is None:
+            mode = scorer_mode if scorer_mode != "auto" else ("thread" if self.task.thread_safe else "process")
+            scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=timeout_s or self.task.timeout_s,
+                                 workers=workers)
+        self.scorer = scorer
         self.render_chat = render_chat
         self._counts = {"rounds": 0, "rollouts": 0, "tokens": 0, "truncated": 0, "reward_sum": 0.0,
                         "generate_seconds": 0.0, "score_seconds": 0.0}
@@ -139,8 +144,9 @@ class TaskEnv:
         }
 
     def close(self) -> None:
-        """Stop the verifier workers (the backend belongs to the caller)."""
-        self.scorer.close()
+        """Stop the verifier workers unless the scorer was passed in (the backend belongs to the caller)."""
+        if self._owns_scorer:
+            self.scorer.close()
 
     def __enter__(self) -> TaskEnv:
         return self
