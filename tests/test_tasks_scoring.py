@@ -36,11 +36,15 @@ def nasty(completion: str) -> object:
         return 0.5
     if completion == "die":
         os._exit(3)
+    if completion == "exit":
+        raise SystemExit(1)
+    if completion == "np":
+        return np.float32(0.25)
     return True if completion == "true" else 1.0
 
 
-CASES = ["ok", "raise", "recurse", "nan", "inf", "huge", "none", "str", "true", "ok"]
-EXPECTED = [OK, ERROR, ERROR, ERROR, ERROR, ERROR, NOT_APPLICABLE, ERROR, OK, OK]
+CASES = ["ok", "raise", "recurse", "nan", "inf", "huge", "none", "str", "true", "ok", "exit", "np"]
+EXPECTED = [OK, ERROR, ERROR, ERROR, ERROR, ERROR, NOT_APPLICABLE, ERROR, OK, OK, ERROR, OK]
 
 
 @pytest.mark.parametrize("mode", ["inline", "thread"])
@@ -48,10 +52,10 @@ def test_in_process_modes(mode: str) -> None:
     with BatchScorer(nasty, mode=mode, timeout_s=5.0) as scorer:  # type: ignore[arg-type]
         r = scorer.score(CASES, [{}] * len(CASES))
     assert r.status.tolist() == EXPECTED
-    assert r.rewards.tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0, 1.0, 1.0]
-    assert r.num_errors == 6 and r.num_not_applicable == 1 and r.num_timeouts == 0
+    assert r.rewards.tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0, 1.0, 1.0, 0.0, 0.25]
+    assert r.num_errors == 7 and r.num_not_applicable == 1 and r.num_timeouts == 0
     assert any("boom" in e for e in r.errors)
-    assert scorer.metrics()["verifier/errors"] == 6
+    assert scorer.metrics()["verifier/errors"] == 7
 
 
 def test_thread_mode_times_out_and_continues() -> None:

@@ -14,12 +14,10 @@ from typing import Any
 
 from sara.types import Prompt
 
-__all__ = ["Task", "Verifier", "Rendered", "render_prompt"]
+__all__ = ["Task", "Verifier", "render_prompt"]
 
 Verifier = Callable[..., "float | None"]
 """``verify(completion, **answer_fields) -> float | None``."""
-
-Rendered = "str | list[dict[str, str]]"
 
 
 def render_prompt(template: str, text: str) -> str:
@@ -27,7 +25,7 @@ def render_prompt(template: str, text: str) -> str:
     return template.replace("{prompt}", text)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Task:
     """A verifiable task.
 

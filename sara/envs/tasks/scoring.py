@@ -77,7 +77,7 @@ def _coerce(value: Any) -> tuple[int, float | str]:
     """Verifier output -> (status, reward or error message)."""
     if value is None:
         return NOT_APPLICABLE, 0.0
-    if isinstance(value, (bool, int, float, np.integer, np.floating)):
+    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
         try:
             x = float(value)
         except OverflowError:
@@ -91,7 +91,9 @@ def _coerce(value: Any) -> tuple[int, float | str]:
 def _call(verifier: Callable[..., Any], completion: str, answer: Mapping[str, Any]) -> tuple[int, float | str]:
     try:
         return _coerce(verifier(completion, **answer))
-    except Exception as exc:  # untrusted input: any failure is a 0 reward, counted
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # untrusted input: any failure (even SystemExit) is a 0 reward, counted
         return ERROR, f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
