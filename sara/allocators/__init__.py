@@ -66,6 +66,9 @@ register("ds", DynamicSamplingAllocator)
 register("sara", SARAAllocator)
 # Beyond the paper (issue 5); lazy entry points, imported on first use.
 register("bayes_optimal", "sara.allocators.bayes_optimal:BayesOptimalAllocator")
+register("sara_continuous", "sara.allocators.continuous:ContinuousSARAAllocator")
+register("sara_async", "sara.allocators.async_:AsyncSARAAllocator")
+SAMPLERS.register("predictive", "sara.allocators.predictive:PredictiveSampler")
 
 
 def make_allocator(spec: str | BudgetAllocator, **defaults: Any) -> BudgetAllocator:

@@ -29,7 +29,7 @@ import numpy as np
 from sara.allocators.base import ConstantPrior, Prior, UnitTable, UnitView
 from sara.allocators.posteriors import fit_beta_marginal_likelihood, fit_beta_moments
 
-__all__ = ["EmpiricalBayesPrior", "HistoryPrior", "make_prior", "refresh_units", "refreshed_view", "PRIOR_KINDS"]
+__all__ = ["EmpiricalBayesPrior", "HistoryPrior", "make_prior", "prior_p_eff", "refresh_units", "refreshed_view", "PRIOR_KINDS"]
 
 PRIOR_KINDS = ("constant", "empirical", "history")
 
@@ -72,6 +72,11 @@ class EmpiricalBayesPrior(Prior):
             self.alpha0, self.beta0 = fit_beta_marginal_likelihood(n, s, init=(self.alpha0, self.beta0))
         else:
             self.alpha0, self.beta0 = fit_beta_moments(n, s)
+
+    def fit_counts(self, n: np.ndarray, s: np.ndarray) -> None:
+        """Fit to one (possibly fractional, decayed) count pair per prompt, replacing the unit history."""
+        self._hist_n, self._hist_s = [], []
+        self._fit(np.asarray(n, np.float64), np.asarray(s, np.float64))
 
     def _data(self, n: np.ndarray | None = None, s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         ns = self._hist_n + ([n] if n is not None else [])
@@ -166,9 +171,9 @@ class HistoryPrior(Prior):
         return {"alpha0": base["alpha0"] + s, "beta0": base["beta0"] + f, "hist_s": s, "hist_f": f}
 
     def refresh(self, table: UnitTable) -> bool:
-        """Refit the base within the step (if it can) and rewrite the open units' priors."""
+        """Before any history exists, refit the base within the step (if it can) and rewrite the units' priors."""
         refresh = getattr(self.base, "refresh", None)
-        if refresh is None or not refresh(table):
+        if refresh is None or self.succ.sum() + self.fail.sum() > 0 or not refresh(table):
             return False
         base = self.base.params(table.pool_index)
         hs = table.prior.get("hist_s", np.zeros(len(table)))
@@ -178,7 +183,6 @@ class HistoryPrior(Prior):
         return True
 
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
-        self.base.update(pool_index, n, rsum, step)
         idx = np.asarray(pool_index, np.int64)
         n = np.asarray(n, np.float64)
         s = np.rint(np.asarray(rsum, np.float64))
@@ -198,6 +202,13 @@ class HistoryPrior(Prior):
             scale = np.minimum(1.0, self.max_evidence / np.maximum(tot, 1e-12))
             self.succ[u] *= scale
             self.fail[u] *= scale
+        if isinstance(self.base, EmpiricalBayesPrior):
+            # Fit the population to one (decayed) count pair per prompt: a prompt the sampler favours is not counted
+            # once per visit, which would bias the population toward the favoured prompts.
+            seen = self.succ + self.fail >= 1.0
+            self.base.fit_counts(self.succ[seen] + self.fail[seen], self.succ[seen])
+        else:
+            self.base.update(pool_index, n, rsum, step)
         self.step = step + 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -230,6 +241,15 @@ def refresh_units(prior: Prior, table: UnitTable) -> bool:
     """Ask ``prior`` to refit within the step (when it can); True when the units' priors changed."""
     refresh = getattr(prior, "refresh", None)
     return bool(refresh(table)) if refresh is not None else False
+
+
+def prior_p_eff(units: UnitView) -> np.ndarray:
+    """p_eff of each unit before any rollout (its prior's probability of a mixed group)."""
+    from sara.allocators.posteriors import p_effective
+
+    a = units.table.prior.get("alpha0", np.ones(len(units.table)))[units.ids]
+    b = units.table.prior.get("beta0", np.ones(len(units.table)))[units.ids]
+    return np.asarray(p_effective(0, 0, units.k, a, b))
 
 
 def refreshed_view(allocator: Any, units: UnitView) -> UnitView:

@@ -53,11 +53,16 @@ class SARAAllocator(SequentialAllocator):
             self.prior = make_prior(c.prior, alpha0=c.alpha0, beta0=c.beta0, decay=c.decay)
 
     def decide(self, units: UnitView) -> np.ndarray:
+        abandon = units.p_eff < self.config.tau_low
         if self.config.prior != "constant":
-            from sara.allocators.priors import refreshed_view
+            from sara.allocators.priors import prior_p_eff, refreshed_view
 
             units = refreshed_view(self, units)
+            # A learned prior can put p_eff below tau_low before any evidence (a population where most prompts
+            # saturate): abandon only once the prompt's own outcomes lowered p_eff by 10% or more, else every unit
+            # would go after its first rollout, which says next to nothing under a symmetric prior.
+            abandon = (units.p_eff < self.config.tau_low) & (units.p_eff < 0.9 * prior_p_eff(units))
         out = np.full(len(units.ids), Decision.CONTINUE, np.int8)
         out[units.p_eff >= self.config.tau_high] = Decision.COMMIT
-        out[units.p_eff < self.config.tau_low] = Decision.ABANDON
+        out[abandon] = Decision.ABANDON
         return out

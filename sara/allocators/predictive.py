@@ -1,0 +1,112 @@
+"""Predictive prompt selection (DPS / MoPPS-style): pick the prompts most likely to give a mixed group.
+
+Each prompt keeps a discounted Beta posterior of its success rate (``HistoryPrior``: evidence decays by ``decay`` per
+step toward an empirical-Bayes population prior). When the allocator wants ``m`` prompts, the sampler draws a candidate
+pool of ``m * candidate_ratio`` prompts (uniformly, without the ones already drawn this step), Thompson-samples a
+success rate ``p~`` for each from its posterior, and takes the ``m`` candidates with the largest
+``P(mixed group of k | p~) = 1 - p~^k - (1 - p~)^k``. A fraction ``explore`` of each draw is taken uniformly from the
+candidates instead. Thompson sampling plus decay keeps every prompt revisitable: an all-fail prompt's posterior widens
+again as its evidence ages, so it is retried after a while (that is what makes drift visible).
+
+It composes with any allocator ("SARA + DPS"): the sampler decides *which* prompts enter, the allocator decides how
+many rollouts each gets. ``collect`` feeds the step's observations back through ``update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from sara.allocators.posteriors import p_effective
+from sara.allocators.priors import EmpiricalBayesPrior, HistoryPrior
+from sara.allocators.samplers import PromptSampler
+from sara.config import SaraModel, validate_config
+
+__all__ = ["PredictiveSampler", "PredictiveSamplerConfig"]
+
+
+class PredictiveSamplerConfig(SaraModel):
+    """Options of the predictive sampler."""
+
+    k: int = Field(8, ge=2)
+    """Group size the mixed-group probability is computed for."""
+    candidate_ratio: float = Field(8.0, ge=1.0, le=1024.0)
+    """Candidates scored per prompt selected (DPS uses 8-32)."""
+    decay: float = Field(0.7, gt=0.0, le=1.0)
+    """Per-step weight of a prompt's past evidence (lambda; MoPPS uses 0.5-0.7)."""
+    selection: Literal["thompson", "mean"] = "thompson"
+    """'thompson': score a Thompson draw of each candidate's success rate; 'mean': score the posterior-predictive
+    probability of a mixed group (greedier; exploration then comes from ``explore`` and decay only)."""
+    explore: float = Field(0.05, ge=0.0, le=1.0)
+    """Fraction of each draw taken uniformly from the candidates (on top of Thompson sampling)."""
+    max_evidence: float = Field(64.0, gt=0.0)
+    """Cap on a prompt's decayed pseudo-count, so confident prompts can still be revisited after drift."""
+
+
+class PredictiveSampler(PromptSampler):
+    """Thompson-sampled mixed-group probability from per-prompt discounted Beta posteriors; unlimited epochs.
+
+    Args:
+        pool_size: Prompts in the pool.
+        seed: Seed of every random choice (candidates, Thompson draws).
+        **options: ``PredictiveSamplerConfig`` fields (``k``, ``candidate_ratio``, ``decay``, ``explore``, ...).
+    """
+
+    name = "predictive"
+
+    def __init__(self, pool_size: int, *, seed: int = 0, **options: Any) -> None:
+        super().__init__(pool_size, seed=seed)
+        self.config = validate_config(PredictiveSamplerConfig, options, what="sampler 'predictive'")
+        c = self.config
+        self.posterior = HistoryPrior(c.decay, EmpiricalBayesPrior(), max_evidence=c.max_evidence)
+        self.visits = np.zeros(self.pool_size, np.int64)  # times each prompt was drawn (starvation analysis)
+        self._taken = np.zeros(self.pool_size, bool)  # drawn in the running step
+        self._calls = 0  # draws in the running step (seeds the draw)
+
+    def scores(self, pool_index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Probability that a size-k group of each prompt is mixed (Thompson draw or posterior predictive)."""
+        prm = self.posterior.params(pool_index)
+        k = self.config.k
+        if self.config.selection == "mean":
+            return np.asarray(p_effective(0, 0, k, prm["alpha0"], prm["beta0"]))
+        p = rng.beta(prm["alpha0"], prm["beta0"])
+        return 1.0 - p**k - (1.0 - p) ** k
+
+    def sample(self, m: int) -> np.ndarray:
+        free = np.flatnonzero(~self._taken)
+        m = min(int(m), len(free))
+        if m <= 0:
+            return np.zeros(0, np.int64)
+        rng = np.random.default_rng([self.seed, self.posterior.step, self._calls])
+        self._calls += 1
+        c = min(len(free), max(m, int(np.ceil(m * self.config.candidate_ratio))))
+        cand = rng.choice(free, size=c, replace=False)
+        n_explore = int(rng.binomial(m, self.config.explore)) if self.config.explore > 0 else 0
+        score = self.scores(cand, rng)
+        order = np.argsort(-score, kind="stable")
+        greedy = cand[order[: m - n_explore]]
+        rest = cand[order[m - n_explore:]]
+        explore = rng.choice(rest, size=n_explore, replace=False) if n_explore else np.zeros(0, np.int64)
+        out = np.concatenate([greedy, explore]).astype(np.int64)
+        self._taken[out] = True
+        np.add.at(self.visits, out, 1)
+        return out
+
+    def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
+        self.posterior.update(pool_index, n, rsum, step)
+        self._taken[:] = False
+        self._calls = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "posterior": self.posterior.state_dict(), "visits": self.visits.copy(),
+                "taken": self._taken.copy(), "calls": self._calls}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.seed = int(state["seed"])
+        self.posterior.load_state_dict(state["posterior"])
+        self.visits = np.asarray(state["visits"], np.int64).copy()
+        self._taken = np.asarray(state["taken"], bool).copy()
+        self._calls = int(state["calls"])
