@@ -333,3 +333,64 @@ def test_tiny_policy_pool_matches_in_process_backend_and_follows_weight_updates(
             out = pool.generate(reqs, env_l.sampling)
             assert out == local.generate(reqs, env_l.sampling)
             assert {c.metadata["weights_version"] for cs in out for c in cs} == {1}
+
+
+@pytest.mark.ray
+def test_ray_backend_registry_entry_wraps_another_backend(ray_cluster):
+    pytest.importorskip("torch")
+    from sara.envs.backends.ray_pool import RayTrainOptions, make_ray_backend, ray_backend_factory
+    from sara.envs.backends.tiny import make_tiny_backend
+    from sara.policies.tiny import TinyPolicy
+
+    policy = TinyPolicy({"d_model": 16, "n_layers": 1, "n_heads": 2})
+    reqs = [GenerationRequest(prompt=f"{i}+1=", seeds=(i, i + 100)) for i in range(6)]
+    sampling = SamplingConfig(max_new_tokens=3)
+    expected = make_tiny_backend(policy).generate(reqs, sampling)
+    with pytest.raises(ConfigError, match="field 'backend'"):
+        make_ray_backend(policy, {"backend": "no-such-backend"})
+    with pytest.raises(WorkerFailedError, match=r"worker 0 of 2 \(no-such-backend\) could not build its backend "
+                       r"while starting: .*unknown generation backend 'no-such-backend'"):
+        RayRolloutPool("no-such-backend", num_workers=2)
+    with make_ray_backend(policy, {"backend": "tiny", "num_workers": 2, "max_restarts": 0}) as pool:
+        assert pool.config.max_restarts == 0 and pool.generate(reqs, sampling) == expected
+    make = ray_backend_factory(make_tiny_backend, RayTrainOptions(enabled=True, num_workers=2))
+    with make(policy, {}, task=None, seed=0) as pool:
+        assert pool.num_workers == 2 and pool.generate(reqs, sampling) == expected
+
+
+# ------------------------------------------------------------------------------------------------ HF / SmolLM2
+
+
+@pytest.mark.hf
+@pytest.mark.ray
+def test_hf_smollm2_pool_with_two_workers_generates_a_real_round(ray_cluster):
+    pytest.importorskip("transformers")
+    from sara.envs.backends.hf import load_hf_model
+    from sara.models import prepare_model
+
+    prepare_model("smollm2")
+    model, tokenizer = load_hf_model("smollm2")
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+               for q in ("What is 2+3?", "Name a colour.", "Say hello in French.", "Count to three.")]
+    reqs = [GenerationRequest(prompt=p, seeds=(10 * i, 10 * i + 1)) for i, p in enumerate(prompts)]
+    spec = "sara.envs.backends.hf:make_hf_backend:model=smollm2,max_batch_size=16"  # a backend spec, built in each actor
+    with RayRolloutPool(spec, num_workers=2, split_requests=False) as pool:
+        out = pool.generate(reqs, sampling)
+        assert len({w["pid"] for w in pool.worker_info()}) == 2
+        assert [len(o) for o in out] == [2, 2, 2, 2]
+        for req, comps in zip(reqs, out):  # back in request order: each completion answers its own prompt
+            assert req.prompt in tokenizer.decode(list(comps[0].prompt_token_ids))
+            for seed, c in zip(req.seeds, comps):
+                assert c.seed == seed and 1 <= c.num_tokens <= 12 and len(c.logprobs) == c.num_tokens
+                assert all(np.isfinite(lp) and lp <= 0.0 for lp in c.logprobs)
+                assert c.text == tokenizer.decode(list(c.token_ids), skip_special_tokens=True)
+        assert sum(bool(c.text.strip()) for o in out for c in o) >= 6  # real answers, not just end-of-turn tokens
+        # the weights broadcast (one ray.put of a real state dict) reaches both engines and changes what they generate
+        state = {k: v * 0.3 if k == "model.norm.weight" else v for k, v in model.state_dict().items()}  # flatter
+        assert any(v is not model.state_dict()[k] for k, v in state.items())
+        pool.update_weights(state, version=1)
+        assert [w["version"] for w in pool.worker_info()] == [1, 1]
+        again = pool.generate(reqs, sampling)
+        assert [len(o) for o in again] == [2, 2, 2, 2]
+        assert [c.token_ids for o in again for c in o] != [c.token_ids for o in out for c in o]

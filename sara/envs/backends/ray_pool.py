@@ -30,6 +30,7 @@ doing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -46,6 +47,9 @@ from sara.types import Prompt, Rollout, RolloutRequest
 
 __all__ = [
     "RayPoolConfig",
+    "RayTrainOptions",
+    "make_ray_backend",
+    "ray_backend_factory",
     "RayRolloutPool",
     "RayEnvPool",
     "StaleWeightsError",
@@ -221,19 +225,20 @@ def split_round(costs: Sequence[float], counts: Sequence[int], num_workers: int,
 
 
 def build_object(factory: Factory) -> Any:
-    """Build a worker's backend / env from a factory callable or a backend spec string (runs in the actor)."""
-    if isinstance(factory, str):
-        from sara.envs import backends
+    """Build a worker's backend / env from a factory callable or a backend spec string (runs in the actor).
 
-        make = getattr(backends, "make_backend", None)
-        if make is not None:
-            return make(factory)
+    A spec ``"name:key=value,..."`` calls ``sara.policies.BACKENDS[name](None, {key: value, ...})`` (a backend that
+    loads its own model, e.g. ``"hf:model=smollm2"``).
+    """
+    if isinstance(factory, str):
+        from sara.policies import BACKENDS
+
         name, options = parse_spec(factory)
         try:
-            cls = backends.BACKENDS.get(name)
+            make = BACKENDS.get(name)
         except KeyError as exc:
             raise ConfigError(f"ray pool: field 'backend': {exc.args[0]}") from None
-        return cls(**options)
+        return make(None, options)
     if not callable(factory):
         raise ConfigError(f"ray pool: field 'factory': expected a callable or a backend spec string, got {factory!r}")
     return factory()
@@ -313,6 +318,7 @@ class _RayPool:
         self._closed = False
         self._owns_ray = init_ray(cfg.address, log_to_driver=cfg.log_to_driver)
         self._actor_cls = ray.remote(_Worker)
+        self._factory_ref = ray.put(factory)  # shipped once (it may hold a policy's weights), read by every actor
         self._check_resources()
         self.actors: list[Any] = [self._spawn(w) for w in range(cfg.num_workers)]
         for w in range(cfg.num_workers):  # wait for construction; restart workers that fail to start
@@ -346,7 +352,7 @@ class _RayPool:
             opts["resources"] = dict(c.resources)
         if c.runtime_env:
             opts["runtime_env"] = dict(c.runtime_env)
-        return self._actor_cls.options(**opts).remote(self.factory, w)
+        return self._actor_cls.options(**opts).remote(self._factory_ref, w)
 
     def _describe_factory(self) -> str:
         f = self.factory
@@ -356,16 +362,22 @@ class _RayPool:
         return getattr(inner, "__qualname__", type(inner).__name__)
 
     def _fail(self, w: int, doing: str, exc: BaseException) -> None:
-        """Record a failure of worker ``w``; replace it by a fresh actor holding the current weights, or give up."""
+        """Record a failure of worker ``w``; replace it by a fresh actor holding the current weights, or give up.
+
+        A factory that raises while building the backend is not retried (it is deterministic: a bad option, a
+        missing model); anything else (the process died, was killed, timed out, the backend raised) is retried on a
+        fresh actor until the worker has failed ``max_restarts + 1`` times in a row.
+        """
         ray = self._ray
         while True:
             self._failures[w] += 1
+            if getattr(exc, "actor_init_failed", False):
+                raise WorkerFailedError(f"Ray worker {w} of {self.num_workers} ({self._describe_factory()}) could "
+                                        f"not build its backend while {doing}: {_last_line(exc)}") from exc
             if self._failures[w] > self.config.max_restarts:
-                msg = str(exc).strip().splitlines()
-                cause = f"{type(exc).__name__}: {msg[-1] if msg else ''}"[:500]
                 raise WorkerFailedError(
                     f"Ray worker {w} of {self.num_workers} ({self._describe_factory()}) failed "
-                    f"{self._failures[w]} times in a row while {doing}; last error: {cause}") from exc
+                    f"{self._failures[w]} times in a row while {doing}; last error: {_last_line(exc)}") from exc
             try:
                 ray.kill(self.actors[w], no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
@@ -380,7 +392,6 @@ class _RayPool:
                 return
             except (ray.exceptions.RayError, TimeoutError) as e:  # failed again while restarting
                 exc = e
-                doing = f"restarting (after failing while {doing})"
 
     def _guard(self, w: int, doing: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (a blocking call on worker ``w``), restarting the worker and retrying on failure."""
@@ -534,7 +545,7 @@ class _RayPool:
             except Exception:  # noqa: BLE001
                 pass
         self.actors = []
-        self._weights = None
+        self._weights = self._factory_ref = None
         if self._owns_ray:
             ray.shutdown()
 
@@ -543,6 +554,12 @@ class _RayPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _last_line(exc: BaseException) -> str:
+    """``"Type: last line of the message"`` (Ray wraps the worker's traceback; its last line is the error)."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"[:500]
 
 
 def _prompt_key(prompt: Any) -> Any:
@@ -626,6 +643,53 @@ class RayEnvPool(_RayPool):
 
             return forward
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------------------------------- trainer wiring
+
+
+class RayTrainOptions(RayPoolConfig):
+    """``TrainConfig.ray`` (``sara train --ray --num-workers N --ray-address ADDR``): the pool options plus a switch."""
+
+    enabled: bool = False
+    """Generate on Ray actors: each of ``num_workers`` actors owns one copy of the configured backend."""
+
+
+def ray_backend_factory(inner: Callable[..., Any], config: RayPoolConfig | Mapping[str, Any]) -> Callable[..., Any]:
+    """Wrap a ``BACKENDS`` factory ``inner(policy, options, *, task, seed)`` so it builds a ``RayRolloutPool``.
+
+    Every actor calls ``inner`` with the same (pickled) policy, options and keywords; the pool then receives the
+    trainer's ``update_weights`` broadcasts. Fields of ``config`` that are not pool options (``enabled``) are ignored.
+    """
+    data = config.model_dump() if isinstance(config, SaraModel) else dict(config)
+    pool_cfg = validate_config(RayPoolConfig, {k: v for k, v in data.items() if k in RayPoolConfig.model_fields},
+                               what="ray")
+
+    def make(policy: Any, options: Mapping[str, Any] | None = None, **kwargs: Any) -> RayRolloutPool:
+        return RayRolloutPool(functools.partial(inner, policy, dict(options or {}), **kwargs), pool_cfg)
+
+    return make
+
+
+def make_ray_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **kwargs: Any) -> RayRolloutPool:
+    """``BACKENDS["ray"]``: a pool of actors each running another registered backend.
+
+    Options: ``backend`` (the inner backend's name, default ``"tiny"``), ``backend_options`` (its options) and any
+    ``RayPoolConfig`` field (``num_workers``, ``num_gpus``, ``address``, ...).
+    """
+    from sara.policies import BACKENDS
+
+    opts = dict(options or {})
+    name = str(opts.pop("backend", "tiny"))
+    inner_options = opts.pop("backend_options", None) or {}
+    if name == "ray":
+        raise ConfigError("backend 'ray': field 'backend': the inner backend cannot be 'ray' itself")
+    try:
+        inner = BACKENDS.get(name)
+    except KeyError as exc:
+        raise ConfigError(f"backend 'ray': field 'backend': {exc.args[0]}") from None
+    cfg = validate_config(RayPoolConfig, opts, what="backend 'ray'")
+    return ray_backend_factory(inner, cfg)(policy, inner_options, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------- benchmarks
