@@ -68,6 +68,7 @@ register("sara", SARAAllocator)
 register("bayes_optimal", "sara.allocators.bayes_optimal:BayesOptimalAllocator")
 register("sara_continuous", "sara.allocators.continuous:ContinuousSARAAllocator")
 register("sara_async", "sara.allocators.async_:AsyncSARAAllocator")
+register("sara_tree", "sara.allocators.tree:TreeSARAAllocator")
 SAMPLERS.register("predictive", "sara.allocators.predictive:PredictiveSampler")
 
 

@@ -3,11 +3,19 @@
 Every allocator runs on the same pool, the same prompt order and the same per-rollout random numbers (rewards are a
 function of the rollout seed), so ratios are paired comparisons measured in one run. DS is always measured as the
 reference (added if not asked for).
+
+Multi-step mode (``epochs`` / ``drift``): the same allocator and sampler run ``ceil(epochs * pool_size /
+target_groups)`` steps over one pool while success rates drift as a policy's would (``drift_rates``: prompts trained in
+an effective group improve fastest). A spec may carry its own sampler as ``spec@sampler`` (e.g.
+``sara:prior=history@predictive``); others use ``sampler``, except the reference, which samples uniformly (the
+paper's DS baseline) unless written with ``@``. Starvation is reported beside every row: the fraction of the pool never
+drawn, and never revisited (drawn at most once).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +44,8 @@ class AllocationBenchConfig:
     allocators: Sequence[str] = ("uniform", "ds", "sara:tau_low=0.45,probe=1")
     sampler: str = "uniform"
     reference: str = "ds"
+    epochs: float | None = None
+    drift: float = 0.0
 
 
 @dataclass
@@ -57,17 +67,46 @@ class AllocatorResult:
     effective_groups: int
     ratio_vs_ds_per_seed: list[float] = field(default_factory=list)
     stop_reasons: dict[str, int] = field(default_factory=dict)
+    starvation_rate: float = 0.0
+    never_revisited_rate: float = 0.0
 
 
-def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> list[CollectStats]:
+def drift_rates(rates: np.ndarray, trained: np.ndarray, drift: float, rng: np.random.Generator) -> np.ndarray:
+    """One step of policy-like drift on the logit scale: every prompt moves ``+drift/4`` (generalization), prompts
+    trained in an effective group ``+drift`` more, plus ``N(0, (drift/2)^2)`` noise."""
+    r = np.clip(rates, 1e-6, 1 - 1e-6)
+    logit = np.log(r / (1 - r)) + drift * (0.25 + trained) + 0.5 * drift * rng.standard_normal(len(r))
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
+def num_steps(cfg: AllocationBenchConfig) -> int:
+    """Steps per seed: ``ceil(epochs * pool_size / target_groups)`` in multi-step mode, else ``steps``."""
+    return cfg.steps if cfg.epochs is None else max(1, math.ceil(cfg.epochs * cfg.pool_size / cfg.target_groups))
+
+
+def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[CollectStats], np.ndarray]:
+    name, _, sampler_spec = spec.partition("@")
     env = SimulatedEnv(cfg.population, size=cfg.pool_size, seed=seed)
-    allocator = make_allocator(spec, k=cfg.k)
-    sampler = make_sampler(cfg.sampler, len(env.prompts), seed=seed)
-    return [collect(allocator, env, sampler, target_groups=cfg.target_groups, seed=seed, step=t).stats
-            for t in range(cfg.steps)]
+    allocator = make_allocator(name, k=cfg.k)
+    default = "uniform" if spec == cfg.reference else cfg.sampler
+    sampler = make_sampler(sampler_spec or default, len(env.prompts), seed=seed)
+    rng = np.random.default_rng([seed, 4242])
+    visits = np.zeros(len(env.prompts), np.int64)
+    stats = []
+    for t in range(num_steps(cfg)):
+        res = collect(allocator, env, sampler, target_groups=cfg.target_groups, seed=seed, step=t)
+        stats.append(res.stats)
+        for g in (*res.groups, *res.abandoned, *res.discarded):
+            visits[g.pool_index] += 1
+        if cfg.drift:
+            trained = np.zeros(len(env.rates))
+            trained[[g.pool_index for g in res.groups if g.is_effective(allocator.config.eps)]] = 1.0
+            env.rates = drift_rates(env.rates, trained, cfg.drift, rng)
+    return stats, visits
 
 
-def _aggregate(spec: str, per_seed: list[list[CollectStats]]) -> dict[str, Any]:
+def _aggregate(spec: str, runs: list[tuple[list[CollectStats], np.ndarray]]) -> dict[str, Any]:
+    per_seed = [r[0] for r in runs]
     flat = [s for seed_stats in per_seed for s in seed_stats]
 
     def tot(name: str) -> float:
@@ -91,6 +130,8 @@ def _aggregate(spec: str, per_seed: list[list[CollectStats]]) -> dict[str, Any]:
         "effective_groups": int(tot("effective_groups")),
         "_per_seed_rpeg": [sum(s.rollouts for s in ss) / max(sum(s.effective_groups for s in ss), 1) for ss in per_seed],
         "stop_reasons": reasons,
+        "starvation_rate": float(np.mean([np.mean(v == 0) for _, v in runs])),
+        "never_revisited_rate": float(np.mean([np.mean(v <= 1) for _, v in runs])),
     }
 
 
@@ -119,6 +160,8 @@ def format_table(report: dict[str, Any]) -> str:
             ("× DS", "ratio_vs_ds", "{:.3f}"), ("tokens × DS", "token_ratio_vs_ds", "{:.3f}"),
             ("wrong-abandon", "wrong_abandon_rate", "{:.3f}"), ("waste", "waste_fraction", "{:.3f}"),
             ("rounds/step", "rounds_per_step", "{:.1f}"), ("µs/decision", "allocator_seconds_per_decision", "{:.3f}")]
+    if report["config"].get("epochs") is not None:
+        cols += [("never drawn", "starvation_rate", "{:.3f}"), ("never revisited", "never_revisited_rate", "{:.3f}")]
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in report["results"]:
         vals = [fmt.format(r[key] * 1e6 if key == "allocator_seconds_per_decision" else r[key]) for _, key, fmt in cols]

@@ -24,7 +24,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=1, help="collection steps per seed")
     p.add_argument("--allocators", default="uniform,ds,sara:tau_low=0.45,probe=1",
                    help="allocator specs separated by ';' or ',' between specs (name:key=value,key=value)")
-    p.add_argument("--sampler", default="uniform", help="prompt sampler spec")
+    p.add_argument("--sampler", default="uniform",
+                   help="prompt sampler spec for every allocator (uniform | predictive[:key=value,...]); a spec may "
+                        "carry its own as SPEC@SAMPLER; the reference DS samples uniformly unless written ds@SAMPLER")
+    p.add_argument("--epochs", type=float, default=None,
+                   help="multi-step mode: run ceil(epochs x pool-size / target-groups) steps over the same pool "
+                        "(overrides --steps); reports starvation")
+    p.add_argument("--drift", type=float, default=0.0,
+                   help="per-step drift of success rates on the logit scale, larger for trained prompts (see "
+                        "sara.bench.allocation.drift_rates)")
     p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="write the PNG plot here (default: next to --json, or runs/)")
     p.add_argument("--out", default="runs/bench-allocation", help="directory for the default JSON/PNG outputs")
@@ -66,13 +74,18 @@ def _allocation(args: argparse.Namespace) -> int:
         write_json,
     )
 
+    if args.epochs is not None and args.epochs <= 0:
+        raise ConfigError(f"bench allocation: field 'epochs': must be > 0 (got {args.epochs})")
+    if args.drift < 0:
+        raise ConfigError(f"bench allocation: field 'drift': must be >= 0 (got {args.drift})")
     for name in ("k", "target_groups", "seeds", "pool_size", "steps"):
         if getattr(args, name) < (2 if name == "k" else 1):
             raise ConfigError(f"bench allocation: field '{name}': must be >= {2 if name == 'k' else 1} "
                               f"(got {getattr(args, name)})")
     cfg = AllocationBenchConfig(population=args.population, k=args.k, target_groups=args.target_groups,
                                 seeds=args.seeds, pool_size=args.pool_size, steps=args.steps,
-                                allocators=split_specs(args.allocators), sampler=args.sampler)
+                                allocators=split_specs(args.allocators), sampler=args.sampler,
+                                epochs=args.epochs, drift=args.drift)
     report = run_allocation_bench(cfg)
     print(format_table(report))
     out = Path(args.out)
