@@ -1,0 +1,200 @@
+"""Training metrics: a JSONL log (always), TensorBoard (when installed), a live progress bar, PNG plots.
+
+Every record is a flat dict with namespaced keys (``alloc/...``, ``algo/...``, ``env/...``, ``eval/...``,
+``time/...``) plus ``step``. ``time/...`` keys are wall-clock and the only ones that differ between two runs with the
+same seed (``deterministic_view`` drops them for comparisons).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsLogger", "read_jsonl", "deterministic_view", "plot_learning_curves", "plot_matrix"]
+
+
+class MetricsLogger:
+    """Append per-step metrics to ``out_dir/metrics.jsonl``; mirror them to TensorBoard and a progress bar.
+
+    Args:
+        out_dir: Output directory (created).
+        total_steps: Length of the progress bar.
+        progress: Show a progress bar (tqdm when installed, else a line every ``print_every`` steps).
+        tensorboard: ``True``/``False``, or ``None`` = use it when ``torch.utils.tensorboard`` imports.
+        resume_step: When resuming, drop records with ``step > resume_step`` (logged after the last checkpoint by
+            the interrupted run) so the log reads as one uninterrupted run.
+        show: Metric keys shown on the progress bar, as ``{label: key}``.
+    """
+
+    def __init__(self, out_dir: str | Path, *, total_steps: int = 0, progress: bool = True,
+                 tensorboard: bool | None = None, resume_step: int | None = None,
+                 show: Mapping[str, str] | None = None, print_every: int = 10) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / "metrics.jsonl"
+        if resume_step is None:
+            self.path.write_text("")
+        else:
+            kept = [r for r in read_jsonl(self.path) if int(r.get("step", -1)) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.show = dict(show or {})
+        self.print_every = max(1, print_every)
+        self._tb = None
+        if tensorboard is not False:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.out_dir / "tb"))
+            except Exception:  # noqa: BLE001 - TensorBoard is optional
+                if tensorboard:
+                    raise
+        self._bar = None
+        self._progress = progress
+        if progress:
+            try:
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=total_steps, initial=resume_step or 0, dynamic_ncols=True, leave=True,
+                                 file=sys.stderr)
+            except ImportError:
+                self._bar = None
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Write one record ``{"step": step, **metrics}``."""
+        rec = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._fh.write(json.dumps(rec) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                    self._tb.add_scalar(k, float(v), step)
+        live = {label: metrics[key] for label, key in self.show.items() if key in metrics}
+        if self._bar is not None:
+            self._bar.set_postfix({k: f"{v:.3g}" for k, v in live.items()}, refresh=False)
+            self._bar.update(1)
+        elif self._progress and (step % self.print_every == 0):
+            print(f"step {step}: " + "  ".join(f"{k}={v:.3g}" for k, v in live.items()), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (bool, int, str)) or v is None:
+        return v
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return f if math.isfinite(f) else None
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a JSONL file (a torn last line from a killed writer is skipped)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def deterministic_view(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Records without wall-clock keys (``time/...`` and ``*_seconds``), for run-to-run comparisons."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("_seconds")}
+            for r in records]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_learning_curves(records: Sequence[Mapping[str, Any]], path: str | Path, *, title: str = "") -> Path:
+    """A 2x2 PNG: held-out accuracy, training reward, effective-group fraction, rollouts per step.
+
+    The x axis is cumulative rollouts (``env/cum_rollouts``), the currency allocation saves.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = [
+        ("held-out accuracy", ["eval/acc_sample", "eval/acc_greedy"]),
+        ("training reward (committed groups)", ["env/reward_mean"]),
+        ("effective-group fraction", ["alloc/effective_fraction"]),
+        ("rollouts per step", ["alloc/rollouts"]),
+    ]
+    for ax, (name, keys) in zip(axes.flat, panels):
+        for key in keys:
+            pts = [(r["env/cum_rollouts"], r[key]) for r in records
+                   if key in r and r[key] is not None and "env/cum_rollouts" in r]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, ms=3, label=key)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("cumulative rollouts")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_matrix(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, *,
+                key: str = "eval/acc_sample", title: str = "") -> Path:
+    """One panel per algorithm: held-out accuracy vs cumulative rollouts, one line per allocator.
+
+    Args:
+        curves: ``{"algo/allocator": records}``.
+        path: PNG path.
+        key: The accuracy metric on the y axis.
+    """
+    plt = _pyplot()
+    algos = sorted({name.split("/")[0] for name in curves})
+    cols = min(len(algos), 4) or 1
+    rows = math.ceil(len(algos) / cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, algo in zip(axes.flat, algos):
+        for name, recs in sorted(curves.items()):
+            if name.split("/")[0] != algo:
+                continue
+            pts = [(r["env/cum_rollouts"], r[key]) for r in recs if r.get(key) is not None and "env/cum_rollouts" in r]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", ms=3, label=name.split("/", 1)[1])
+        ax.set_title(algo, fontsize=10)
+        ax.set_xlabel("cumulative rollouts")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(algos):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

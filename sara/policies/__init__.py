@@ -1,0 +1,52 @@
+"""Trainable policies and the generation backends that serve them, selected by name.
+
+Two registries, both of factories, so the trainer never branches on a model family:
+
+- ``POLICIES``: ``factory(options: dict, *, task, seed) -> Policy`` (``sara.policies.base.Policy``). ``"tiny"`` builds
+  the tiny transformer and warm-starts it on the task (cached on disk).
+- ``BACKENDS``: ``factory(policy, options: dict, *, task, seed) -> GenerationBackend``. ``"tiny"`` samples with a copy
+  of the tiny policy in process.
+
+Entries are ``"module:attr"`` strings imported on first use, so ``import sara.policies`` never imports torch. A config
+may also name an unregistered ``"package.module:factory"`` directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sara.policies.base import Policy, TokenBatch
+from sara.registry import Registry
+
+__all__ = ["BACKENDS", "POLICIES", "Policy", "TokenBatch", "make_tiny_policy_for_task"]
+
+POLICIES: Registry[Callable[..., Any]] = Registry("policy")
+"""Policy name -> ``factory(options, *, task, seed) -> Policy``."""
+BACKENDS: Registry[Callable[..., Any]] = Registry("generation backend")
+"""Backend name -> ``factory(policy, options, *, task, seed) -> GenerationBackend``."""
+
+POLICIES.register("tiny", "sara.policies:make_tiny_policy_for_task")
+BACKENDS.register("tiny", "sara.envs.backends.tiny:make_tiny_backend")
+
+
+def make_tiny_policy_for_task(options: dict[str, Any] | None = None, *, task: Any, seed: int = 0,
+                              verbose: bool = False, **_: Any) -> Any:
+    """``POLICIES["tiny"]``: a tiny transformer warm-started on ``task.prompts`` (weights cached on disk).
+
+    Args:
+        options: ``TinyConfig`` fields, plus ``warm_start`` (``WarmStartConfig`` fields) and ``cache`` (bool).
+        task: A ``sara.envs.tasks.Task`` with text prompts whose answers have an ``"answer"`` field.
+        seed: Not used for the weights (the init and warm-start seeds are options), so every algorithm x allocator
+            cell of a matrix starts from the same policy.
+        verbose: Print when warm-starting.
+    """
+    from sara.policies.tiny import make_tiny_policy
+
+    opts = dict(options or {})
+    cache = bool(opts.pop("cache", True))
+    alphabet = (getattr(task, "metadata", {}) or {}).get("alphabet")
+    if alphabet and "alphabet" not in opts:
+        opts["alphabet"] = alphabet
+    key = f"{task.id}:{(getattr(task, 'metadata', {}) or {}).get('config')}"
+    return make_tiny_policy(opts, prompts=task.prompts, cache_key=key, cache=cache, verbose=verbose)
