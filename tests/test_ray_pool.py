@@ -85,7 +85,8 @@ SIM = functools.partial(SimulatedEnv, "u-shaped", size=500, seed=3)
 class CrashingEnv:
     """A simulator whose worker dies in the middle of its ``call``-th rollout call, once per marker file.
 
-    ``how="kill"``: ``ray.kill`` of the actor from inside the call; ``how="exit"``: the process exits.
+    ``how="kill"``: ``ray.kill`` of the actor from inside the call; ``how="exit"``: the process exits;
+    ``how="hang"``: the call never returns (in test time).
     """
 
     def __init__(self, marker: str, call: int = 1, how: str = "kill", always: bool = False) -> None:
@@ -104,6 +105,8 @@ class CrashingEnv:
                 os.remove(self.marker) if not self.always else None
             except FileNotFoundError:
                 return self.env.rollout(requests)  # another worker already died for this marker
+            if self.how == "hang":
+                time.sleep(120)
             if self.how == "kill":
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
                 time.sleep(30)  # the kill lands while the call is in flight
@@ -213,6 +216,17 @@ def test_worker_killed_mid_round_gives_identical_step(ray_cluster, reference, tm
         s = r.stats
         assert s.rollouts == s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts
         assert s.rollouts == sum(g.size for g in r.groups + r.abandoned + r.discarded)
+
+
+@pytest.mark.ray
+def test_stuck_worker_is_replaced_after_the_call_timeout(ray_cluster, reference, tmp_path):
+    marker = tmp_path / "hang"
+    marker.touch()
+    factory = functools.partial(CrashingEnv, str(marker), call=2, how="hang")
+    with RayEnvPool(factory, num_workers=2, call_timeout_s=3) as pool:
+        results = _run_steps(pool)
+        assert sum(pool.restarts) == 1
+    _same(results, reference)
 
 
 @pytest.mark.ray

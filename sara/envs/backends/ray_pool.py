@@ -89,8 +89,8 @@ class RayPoolConfig(SaraModel):
     max_restarts: int = Field(3, ge=0)
     """Consecutive failures a worker may have (each followed by a restart and a retry) before the run ends."""
     call_timeout_s: float | None = Field(None, gt=0)
-    """A shard still running after this many seconds counts as a failure (actor killed, restarted, shard retried).
-    None = wait as long as it takes."""
+    """A generation shard still running after this many seconds counts as a failure (actor killed, restarted, shard
+    retried). Starting actors and loading weights are not timed. None = wait as long as it takes."""
     balance: str = Field("tokens", pattern="^(tokens|requests)$")
     """How a round is split: ``tokens`` (expected generated tokens per request) or ``requests`` (rollout count)."""
     split_requests: bool = True
@@ -295,12 +295,11 @@ class _RayPool:
 
     def __init__(self, factory: Factory, config: RayPoolConfig | Mapping[str, Any] | None = None,
                  **overrides: Any) -> None:
-        if isinstance(config, RayPoolConfig):
-            cfg = config.model_copy(update=overrides) if overrides else config
-            if overrides:
-                cfg = validate_config(RayPoolConfig, cfg.model_dump(), what=f"Ray {self._kind}")
+        if isinstance(config, RayPoolConfig):  # (a subclass such as RayTrainOptions may carry more fields)
+            data = {k: v for k, v in config.model_dump().items() if k in RayPoolConfig.model_fields}
         else:
-            cfg = validate_config(RayPoolConfig, {**dict(config or {}), **overrides}, what=f"Ray {self._kind}")
+            data = dict(config or {})
+        cfg = validate_config(RayPoolConfig, {**data, **overrides}, what=f"Ray {self._kind}")
         if not (callable(factory) or isinstance(factory, str)):
             raise ConfigError(f"Ray {self._kind}: field 'factory': expected a picklable callable or a backend spec "
                               f"string, got {type(factory).__name__}")
@@ -316,13 +315,19 @@ class _RayPool:
         self._failures = [0] * cfg.num_workers  # consecutive
         self._weights: Any = None  # object ref of the latest state
         self._closed = False
+        self.actors: list[Any] = []
+        self._factory_ref: Any = None
         self._owns_ray = init_ray(cfg.address, log_to_driver=cfg.log_to_driver)
-        self._actor_cls = ray.remote(_Worker)
-        self._factory_ref = ray.put(factory)  # shipped once (it may hold a policy's weights), read by every actor
-        self._check_resources()
-        self.actors: list[Any] = [self._spawn(w) for w in range(cfg.num_workers)]
-        for w in range(cfg.num_workers):  # wait for construction; restart workers that fail to start
-            self._guard(w, "starting", lambda w=w: ray.get(self.actors[w].info.remote(), timeout=cfg.call_timeout_s))
+        try:
+            self._check_resources()
+            self._actor_cls = ray.remote(_Worker)
+            self._factory_ref = ray.put(factory)  # shipped once (it may hold a policy's weights), read by every actor
+            self.actors = [self._spawn(w) for w in range(cfg.num_workers)]
+            for w in range(cfg.num_workers):  # wait for construction; restart workers that fail to start
+                self._guard(w, "starting", lambda w=w: ray.get(self.actors[w].info.remote()))
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def num_workers(self) -> int:
@@ -385,10 +390,9 @@ class _RayPool:
             self.restarts[w] += 1
             self.actors[w] = self._spawn(w)
             try:
-                ray.get(self.actors[w].info.remote(), timeout=self.config.call_timeout_s)
+                ray.get(self.actors[w].info.remote())
                 if self._weights is not None:
-                    ray.get(self.actors[w].load_weights.remote(self._weights, self.version),
-                            timeout=self.config.call_timeout_s)
+                    ray.get(self.actors[w].load_weights.remote(self._weights, self.version))
                 return
             except (ray.exceptions.RayError, TimeoutError) as e:  # failed again while restarting
                 exc = e
@@ -435,8 +439,7 @@ class _RayPool:
             if not ready:  # the oldest shard timed out
                 ref = min(pending, key=lambda r: pending[r][1])
                 w, _ = pending.pop(ref)
-                ray.cancel(ref, force=True)
-                self._fail(w, doing[w], TimeoutError(f"no result after {timeout} s"))
+                self._fail(w, doing[w], TimeoutError(f"no result after {timeout} s"))  # kills the stuck actor
                 submit(w)
                 continue
             ref = ready[0]
@@ -508,7 +511,7 @@ class _RayPool:
         refs = [a.load_weights.remote(ref, self.version) for a in self.actors]
         for w, r in enumerate(refs):
             try:
-                ray.get(r, timeout=self.config.call_timeout_s)
+                ray.get(r)
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 self._check_stale(exc)
                 self._fail(w, f"loading weights version {self.version}", exc)  # the restart loads the new weights
@@ -662,8 +665,7 @@ def ray_backend_factory(inner: Callable[..., Any], config: RayPoolConfig | Mappi
     trainer's ``update_weights`` broadcasts. Fields of ``config`` that are not pool options (``enabled``) are ignored.
     """
     data = config.model_dump() if isinstance(config, SaraModel) else dict(config)
-    pool_cfg = validate_config(RayPoolConfig, {k: v for k, v in data.items() if k in RayPoolConfig.model_fields},
-                               what="ray")
+    pool_cfg = validate_config(RayPoolConfig, {k: v for k, v in data.items() if k != "enabled"}, what="ray")
 
     def make(policy: Any, options: Mapping[str, Any] | None = None, **kwargs: Any) -> RayRolloutPool:
         return RayRolloutPool(functools.partial(inner, policy, dict(options or {}), **kwargs), pool_cfg)
