@@ -28,6 +28,7 @@ BACKENDS: Registry[Callable[..., Any]] = Registry("generation backend")
 
 POLICIES.register("tiny", "sara.policies:make_tiny_policy_for_task")
 BACKENDS.register("tiny", "sara.envs.backends.tiny:make_tiny_backend")
+BACKENDS.register("ray", "sara.envs.backends.ray_pool:make_ray_backend")  # options: backend, backend_options, num_workers, ...
 
 
 def make_tiny_policy_for_task(options: dict[str, Any] | None = None, *, task: Any, seed: int = 0,
