@@ -211,6 +211,8 @@ def test_worker_killed_mid_round_gives_identical_step(ray_cluster, reference, tm
     with RayEnvPool(functools.partial(CrashingEnv, str(marker), call=2, how=how), num_workers=2) as pool:
         results = _run_steps(pool)
         assert not marker.exists() and sum(pool.restarts) == 1
+        m = pool.metrics()
+        assert m["ray/restarts"] == 1 and m["ray/rounds"] == pool.rounds and m["ray/last_round_imbalance"] >= 1.0
     _same(results, reference)
     for r in results:
         s = r.stats
@@ -360,6 +362,9 @@ def test_ray_backend_registry_entry_wraps_another_backend(ray_cluster):
     reqs = [GenerationRequest(prompt=f"{i}+1=", seeds=(i, i + 100)) for i in range(6)]
     sampling = SamplingConfig(max_new_tokens=3)
     expected = make_tiny_backend(policy).generate(reqs, sampling)
+    from sara.policies import BACKENDS
+
+    assert BACKENDS.get("ray") is make_ray_backend
     with pytest.raises(ConfigError, match="field 'backend'"):
         make_ray_backend(policy, {"backend": "no-such-backend"})
     with pytest.raises(WorkerFailedError, match=r"worker 0 of 2 \(no-such-backend\) could not build its backend "

@@ -312,6 +312,7 @@ class _RayPool:
         self.restarts = [0] * cfg.num_workers
         """Restarts so far, per worker."""
         self.rounds = 0
+        self._imbalance = 1.0
         self._failures = [0] * cfg.num_workers  # consecutive
         self._weights: Any = None  # object ref of the latest state
         self._closed = False
@@ -468,6 +469,8 @@ class _RayPool:
         else:
             costs = [float(n) for n in counts]
         shards = split_round(costs, counts, self.num_workers, split_requests=self.config.split_requests)
+        loads = [sum(costs[i] * (b - a) / counts[i] for i, a, b in pieces) for pieces in shards]
+        self._imbalance = max(loads) / (sum(loads) / self.num_workers) if sum(loads) > 0 else 1.0
         payloads: dict[int, tuple[Any, ...]] = {}
         doing: dict[int, str] = {}
         for w, pieces in enumerate(shards):
@@ -522,6 +525,13 @@ class _RayPool:
         bad = [v["index"] for v in versions if v["version"] != self.version]
         if bad:
             raise StaleWeightsError(f"Ray {self._kind}: workers {bad} do not hold weights version {self.version}")
+
+    def metrics(self) -> dict[str, float]:
+        """``ray/...`` counters: workers, rounds, restarts, weights version, expected-cost imbalance of the last round
+        (slowest shard / mean shard; 1.0 = perfectly balanced)."""
+        return {"ray/workers": float(self.num_workers), "ray/rounds": float(self.rounds),
+                "ray/restarts": float(sum(self.restarts)), "ray/weights_version": float(self.version),
+                "ray/last_round_imbalance": float(self._imbalance)}
 
     def worker_info(self) -> list[dict[str, Any]]:
         """``[{index, version, pid, type}]`` of the live actors."""
@@ -634,7 +644,7 @@ class RayEnvPool(_RayPool):
     def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
         """Generate and score one round on all workers; ``out[i]`` has ``requests[i].n`` rollouts in seed order."""
         return self._sharded(
-            list(requests), key=lambda r: r.pool_index, default_tokens=lambda r: 1.0,
+            list(requests), key=lambda r: (r.pool_index, r.prefix), default_tokens=lambda r: 1.0,
             call=lambda w, sub: ((sub,), "generating rollouts"), method="rollout",
             tokens_of=lambda r: r.num_tokens)
 
