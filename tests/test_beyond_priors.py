@@ -1,0 +1,85 @@
+"""Empirical-Bayes and history priors (issue 5): fits, decay, wiring into SARA's p_eff."""
+
+import numpy as np
+import pytest
+
+from sara import SimulatedEnv, UniformSampler, collect
+from sara.allocators import Decision, make_allocator
+from sara.allocators.priors import EmpiricalBayesPrior, HistoryPrior, make_prior
+from sara.testing import check_allocator
+
+
+def _truncated_data(a, b, size, k, n_same, rng):
+    """Outcomes under 'abandon after n_same identical, else fill to k' (optional stopping)."""
+    p = rng.beta(a, b, size)
+    x = rng.random((size, k)) < p[:, None]
+    first_diff = np.argmax(x != x[:, :1], axis=1)
+    mixed_early = (x != x[:, :1]).any(axis=1) & (first_diff < n_same)
+    n = np.where(mixed_early, k, np.where((x != x[:, :1]).any(axis=1), n_same, n_same))
+    s = np.array([row[:m].sum() for row, m in zip(x, n)])
+    return n, s
+
+
+def test_marginal_likelihood_fit_is_consistent_under_optional_stopping():
+    rng = np.random.default_rng(0)
+    n, s = _truncated_data(0.15, 0.15, 6000, 8, 3, rng)
+    prior = EmpiricalBayesPrior(min_units=10)
+    prior.update(np.arange(len(n)), n, s, step=0)
+    assert prior.alpha0 == pytest.approx(0.15, rel=0.2)
+    assert prior.beta0 == pytest.approx(0.15, rel=0.2)
+
+
+def test_empirical_prior_refits_within_the_first_step():
+    env = SimulatedEnv("u-shaped", size=4000, seed=1)
+    alloc = make_allocator("sara:prior=empirical,tau_low=0.12", k=8)
+    collect(alloc, env, UniformSampler(4000, seed=1), target_groups=96, seed=1, step=0)
+    # Fitted online (the true population is Beta(0.15, 0.15)); the step's units were rewritten in place.
+    assert 0.07 < alloc.prior.alpha0 < 0.3 and 0.07 < alloc.prior.beta0 < 0.3
+    assert np.allclose(alloc.units.prior["alpha0"], alloc.units.prior["alpha0"][0])
+
+
+def test_empirical_sara_matches_true_prior_sara_on_one_step():
+    def run(spec):
+        env = SimulatedEnv("u-shaped", size=8000, seed=2)
+        return collect(make_allocator(spec, k=8), env, UniformSampler(8000, seed=2), target_groups=192, seed=2).stats
+
+    eb = run("sara:prior=empirical,tau_low=0.12")
+    true = run("sara:tau_low=0.12,alpha0=0.15,beta0=0.15")
+    ratio = (eb.rollouts / eb.effective_groups) / (true.rollouts / true.effective_groups)
+    assert abs(ratio - 1.0) < 0.02
+
+
+def test_history_prior_abandons_an_all_fail_prompt_after_one_rollout():
+    alloc = make_allocator("sara:prior=history,decay=0.9,tau_low=0.2", k=8)
+    # Step 0: population data (so the base is fitted) + prompt 7 failed 8/8.
+    rng = np.random.default_rng(3)
+    n, s = _truncated_data(0.3, 0.3, 400, 8, 8, rng)
+    n[7], s[7] = 8, 0
+    alloc.prior.update(np.arange(400), n, s, step=0)
+    alloc.begin_step(4, step=1)
+    alloc.admit(np.array([7, 9999]))  # 9999: never seen
+    closed, dec = alloc.observe(np.array([0, 1]), np.array([0.0, 0.0]))
+    assert closed.tolist() == [0] and dec.tolist() == [Decision.ABANDON]
+
+
+def test_history_evidence_decays_per_step():
+    prior = HistoryPrior(decay=0.5, base=make_prior("constant"))
+    prior.update(np.array([3]), np.array([8]), np.array([6.0]), step=0)
+    for dt, w in ((0, 1.0), (1, 0.5), (3, 0.125)):
+        s, f = prior.evidence(np.array([3]), step=dt)
+        assert s[0] == pytest.approx(6 * w) and f[0] == pytest.approx(2 * w)
+    params = prior.params(np.array([3, 4]))
+    # Used in step 1: the evidence of step 0 counts lambda^1.
+    assert params["alpha0"].tolist() == pytest.approx([4.0, 1.0]) and params["beta0"].tolist() == pytest.approx([2.0, 1.0])
+
+
+@pytest.mark.parametrize("spec", ["sara:prior=empirical", "sara:prior=history,decay=0.8,tau_low=0.2"])
+def test_learned_prior_specs_conform(spec):
+    check_allocator(make_allocator(spec, k=8), target_groups=16, steps=2, seeds=(0,))
+
+
+def test_prior_option_is_validated():
+    with pytest.raises(Exception, match="prior"):
+        make_allocator("sara:prior=oracle")
+    with pytest.raises(Exception, match="decay"):
+        make_allocator("sara:prior=history,decay=0")
