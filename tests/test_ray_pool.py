@@ -413,3 +413,57 @@ def test_hf_smollm2_pool_with_two_workers_generates_a_real_round(ray_cluster):
         again = pool.generate(reqs, sampling)
         assert [len(o) for o in again] == [2, 2, 2, 2]
         assert [c.token_ids for o in again for c in o] != [c.token_ids for o in out for c in o]
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+
+
+def _train_config(out_dir, use_ray):
+    return {"task": "sara/Arithmetic-v0:max_digits=2,pool_size=200,eval_size=16,seed=0",
+            "policy_options": {"d_model": 32, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}, "cache": False},
+            "groups_per_step": 4, "steps": 2, "allocator": "uniform", "scorer": "inline",
+            "eval": {"every": 0, "num_prompts": 8, "samples": 1, "greedy": False},
+            "progress": False, "tensorboard": False, "out_dir": str(out_dir),
+            "ray": {"enabled": use_ray, "num_workers": 2}}
+
+
+@pytest.mark.ray
+def test_trainer_with_ray_generates_on_actors_and_syncs_every_update(ray_cluster, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("sara.train")
+    from sara.train import Trainer
+
+    def run(use_ray):
+        with Trainer(_train_config(tmp_path / str(use_ray), use_ray)) as t:
+            steps = [t.train_step() for _ in range(2)]
+            info = t.backend.worker_info() if use_ray else None
+            assert isinstance(t.backend, RayRolloutPool) == use_ray
+            return t.version, steps, info
+
+    version, local, _ = run(False)
+    version_r, remote, info = run(True)
+    assert version == version_r == 2 and [w["version"] for w in info] == [2, 2]
+    for a, b in zip(local, remote):  # same rollouts, tokens and rewards, step after step
+        keys = [k for k in a if k.startswith(("alloc/", "env/")) and "seconds" not in k]
+        assert keys and {k: a[k] for k in keys} == {k: b[k] for k in keys}
+
+
+def test_sara_train_cli_sets_the_ray_options(capsys):
+    import argparse
+
+    import yaml
+
+    pytest.importorskip("sara.train")
+    from sara.commands import train as train_cmd
+    from sara.train import load_config
+
+    parser = argparse.ArgumentParser()
+    train_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["train", "--ray", "--num-workers", "3", "--ray-address", "auto", "--print-config"])
+    assert args.func(args) == 0
+    ray_cfg = yaml.safe_load(capsys.readouterr().out)["ray"]
+    assert (ray_cfg["enabled"], ray_cfg["num_workers"], ray_cfg["address"]) == (True, 3, "auto")
+    cfg = load_config(None, ["ray.num_gpus=1", "ray.max_restarts=0"])
+    assert not cfg.ray.enabled and (cfg.ray.num_gpus, cfg.ray.max_restarts) == (1.0, 0)
+    with pytest.raises(ConfigError, match="num_workers"):
+        load_config(None, ["ray.num_workers=0"])
