@@ -33,7 +33,8 @@ from sara.config import SaraModel, validate_config
 from sara.seeding import derive_seeds
 from sara.types import Decision, RolloutRequest
 
-__all__ = ["AsyncConfig", "AsyncSARAAllocator", "LatencyModel", "SimResult", "simulate_async", "simulate_sync"]
+__all__ = ["AsyncConfig", "AsyncSARAAllocator", "LatencyModel", "SimResult", "async_vs_sync", "simulate_async",
+           "simulate_sync"]
 
 
 class AsyncConfig(SARAConfig):
@@ -201,12 +202,10 @@ def simulate_async(allocator: AsyncSARAAllocator, env: Any, sampler: PromptSampl
     exhausted = False
     stop = ""
 
-    def committed() -> int:
-        return int((allocator.units.status == UnitStatus.COMMITTED).sum())
+    committed0 = allocator._counters["committed"]
 
     while True:
-        u = allocator.units
-        if committed() >= target_groups:
+        if allocator._counters["committed"] - committed0 >= target_groups:
             stop = "target_reached"
             break
         free = lat.slots - busy
@@ -246,7 +245,7 @@ def simulate_async(allocator: AsyncSARAAllocator, env: Any, sampler: PromptSampl
         done_u, done_r = [], []
         while heap and heap[0][0] <= clock:
             _, _, uid, r, t, _start = heapq.heappop(heap)
-            if allocator.inflight(np.array([uid]))[0] <= 0:
+            if allocator._inflight[uid] <= 0:
                 continue  # aborted earlier (its slot was freed then)
             done_u.append(uid)
             done_r.append(r)
@@ -287,3 +286,31 @@ def _abort(allocator: AsyncSARAAllocator, heap: list, units: np.ndarray, clock: 
                   for _, _, uid, _, _, start in heap if uid in kill)
     allocator.abort(units)
     return busy - n_cancel, float(partial), n_cancel
+
+
+def async_vs_sync(population: str = "u-shaped", *, pool_size: int = 20_000, target_groups: int = 512, seeds: int = 2,
+                  k: int = 8, latency: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Wall-clock per effective group: DS and SARA in synchronous rounds vs ``sara_async`` streaming, same pools.
+
+    Returns ``{"rows": [{allocator, mode, seconds_per_effective_group, rollouts_per_effective_group, ...}],
+    "async_vs_sync_sara": ratio, "async_vs_ds": ratio}`` (ratios of summed wall-clock over summed effective groups).
+    """
+    from sara.allocators import make_allocator
+    from sara.allocators.samplers import UniformSampler
+    from sara.envs.simulated import SimulatedEnv
+
+    lat = validate_config(LatencyModel, dict(latency or {}), what="latency")
+    plan = (("ds", "sync", simulate_sync), ("sara", "sync", simulate_sync), ("sara_async", "async", simulate_async))
+    rows = []
+    for spec, mode, fn in plan:
+        res = [fn(make_allocator(spec, k=k), SimulatedEnv(population, size=pool_size, seed=s),  # type: ignore[operator]
+                  UniformSampler(pool_size, seed=s), target_groups=target_groups, latency=lat, seed=s)
+               for s in range(seeds)]
+        eff = sum(r.effective_groups for r in res)
+        rows.append({"allocator": spec, "mode": mode, "seconds_per_effective_group": sum(r.wall_s for r in res) / eff,
+                     "rollouts_per_effective_group": sum(r.rollouts_finished + r.rollouts_aborted for r in res) / eff,
+                     "tokens_per_effective_group": sum(r.tokens for r in res) / eff,
+                     "aborted": sum(r.rollouts_aborted for r in res)})
+    by = {r["allocator"]: r["seconds_per_effective_group"] for r in rows}
+    return {"latency": lat.model_dump(), "rows": rows, "async_vs_sync_sara": by["sara_async"] / by["sara"],
+            "async_vs_ds": by["sara_async"] / by["ds"]}

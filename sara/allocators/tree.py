@@ -43,7 +43,7 @@ from sara.seeding import derive_seeds, uniform_from_seeds
 from sara.types import Rollout, RolloutRequest
 
 __all__ = ["TreeConfig", "TreeEffectiveness", "TreeSARAAllocator", "TreeSimulatedEnv", "branch_of",
-           "effective_size"]
+           "effective_size", "tree_vs_flat"]
 
 _HANDLE = re.compile(r"^<tree:(\d+)\.(\d+):(\d+):(\d+)>$")
 
@@ -194,3 +194,30 @@ class TreeSimulatedEnv:
         j = np.tile(np.arange(k), m)
         r, _ = self._leaf_rewards(pool, seeds.reshape(-1), np.repeat(tree, k), j, np.repeat(keys[:, 2], k))
         return r.reshape(m, k).std(axis=1) > eps
+
+
+def tree_vs_flat(population: str = "u-shaped", *, pool_size: int = 20_000, target_groups: int = 512, seeds: int = 3,
+                 k: int = 8, kappa: float = 2.0, prefix_fraction: float = 0.5,
+                 specs: Sequence[str] = ("ds", "sara", "sara_tree:node_prefix=true")) -> list[dict[str, Any]]:
+    """Rollouts and tokens per effective group on ``TreeSimulatedEnv`` (trees for specs that send handles, flat
+    independent rollouts for the others), same pools and seeds; ratios relative to the first spec."""
+    from sara.allocators import make_allocator
+    from sara.allocators.samplers import UniformSampler
+    from sara.collect import collect
+
+    rows = []
+    for spec in specs:
+        stats = [collect(make_allocator(spec, k=k), TreeSimulatedEnv(population, size=pool_size, seed=s, kappa=kappa,
+                                                                     prefix_fraction=prefix_fraction),
+                         UniformSampler(pool_size, seed=s), target_groups=target_groups, seed=s).stats
+                 for s in range(seeds)]
+        eff = sum(s.effective_groups for s in stats)
+        ab = sum(s.abandoned_groups for s in stats)
+        rows.append({"allocator": spec, "rollouts_per_effective_group": sum(s.rollouts for s in stats) / eff,
+                     "tokens_per_effective_group": sum(s.tokens for s in stats) / eff,
+                     "wrong_abandon_rate": sum(s.wrong_abandons or 0 for s in stats) / ab if ab else 0.0,
+                     "waste_fraction": 1 - sum(s.effective_rollouts for s in stats) / sum(s.rollouts for s in stats)})
+    for r in rows:
+        r["ratio_vs_first"] = r["rollouts_per_effective_group"] / rows[0]["rollouts_per_effective_group"]
+        r["token_ratio_vs_first"] = r["tokens_per_effective_group"] / rows[0]["tokens_per_effective_group"]
+    return rows
