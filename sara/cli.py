@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 # Modules under sara.commands, in help order. Add a command by adding a module here.
-COMMANDS: tuple[str, ...] = ("bench",)
+COMMANDS: tuple[str, ...] = ("train", "matrix", "bench", "model")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,6 +28,10 @@ BACKENDS: Registry[Callable[..., Any]] = Registry("generation backend")
 
 POLICIES.register("tiny", "sara.policies:make_tiny_policy_for_task")
 BACKENDS.register("tiny", "sara.envs.backends.tiny:make_tiny_backend")
+# Real LLMs (issue 7): any local HF model directory or a prepared name (``sara model prepare smollm2``).
+POLICIES.register("hf", "sara.policies.hf:make_hf_policy")
+BACKENDS.register("hf", "sara.envs.backends.hf:make_hf_backend")
+BACKENDS.register("vllm", "sara.envs.backends.vllm:make_vllm_backend")
 BACKENDS.register("ray", "sara.envs.backends.ray_pool:make_ray_backend")  # options: backend, backend_options, num_workers, ...
 
 

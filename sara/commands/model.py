@@ -1,0 +1,39 @@
+"""``sara model prepare <name>``: fetch and convert a real LLM for the HF / vLLM backends (offline afterwards)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from sara.models import MODELS
+
+    model = sub.add_parser("model", help="prepare real LLMs for the hf / vllm backends")
+    msub = model.add_subparsers(dest="model_command", metavar="<subcommand>")
+    p = msub.add_parser("prepare", help="download + convert a model into the cache (idempotent)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        description="Known models: " + "; ".join(f"{k}: {v.description}" for k, v in MODELS.items()))
+    p.add_argument("name", choices=sorted(MODELS), help="model name")
+    p.add_argument("--cache-dir", default=None,
+                   help="cache root (default: $SARA_CACHE_DIR or ~/.cache/sara); the model goes to <root>/models/")
+    p.add_argument("--force", action="store_true", help="rebuild even if a prepared copy exists")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="saved weight dtype")
+    p.set_defaults(func=_prepare)
+    model.set_defaults(func=lambda args: model.print_help() or 2)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from sara.models import ModelPrepareError, is_prepared, model_dir, prepare_model
+
+    target = model_dir(args.name, args.cache_dir)
+    if is_prepared(target) and not args.force:
+        print(f"{args.name}: already prepared at {target}")
+        return 0
+    try:
+        path = prepare_model(args.name, args.cache_dir, force=args.force, dtype=args.dtype, verbose=True)
+    except ModelPrepareError as exc:
+        print(f"sara: error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0

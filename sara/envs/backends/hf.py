@@ -1,0 +1,316 @@
+"""HF transformers generation backend: batched sampling with a KV cache on any ``AutoModelForCausalLM`` (CPU or GPU).
+
+One ``generate`` call = one allocation round. Per chunk of rows (``max_batch_size``):
+
+1. every distinct prompt is prefilled ONCE (left padding), and its KV cache is repeated for its ``n`` completions
+   (SARA probes the same prompt over several rounds; inside a round the ``n`` rollouts share the prefill);
+2. a decoding loop samples one token per live row per step; finished rows (EOS, stop string, length cap) are pruned
+   from the batch and the cache.
+
+Determinism: every completion has its own seed. The token at position ``t`` of a completion with seed ``s`` is drawn
+by inverse-CDF sampling with the uniform number ``u(s, t)`` (``sara.seeding.uniform_from_seeds``), so the draws do not
+depend on which other rows share the batch or the round. (The logits themselves can differ in the last bits with the
+batch shape — bf16 matmul blocking — so equal seeds give equal completions in practice, not bit-for-bit guarantees
+across different batch compositions; the same call repeated is exactly reproducible.)
+
+Log-probs: ``Completion.logprobs[i]`` is log p(token_i | prefix) under the model's own distribution (temperature 1, no
+top-p truncation, computed in float32 from the generating weights), the same convention as vLLM's default
+``raw_logprobs``. A policy recomputing log-probs of the same tokens agrees up to dtype/batching noise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from sara.config import SaraModel, validate_config
+from sara.envs.backends._common import encode_prompt, eos_ids, find_stop, generator_state
+from sara.envs.backends._common import render_chat as _render_chat
+from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+from sara.seeding import uniform_from_seeds
+
+__all__ = ["HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+class HFBackendConfig(SaraModel):
+    """Options of the HF transformers backend."""
+
+    model: str = "smollm2"
+    """A model name prepared by ``sara model prepare`` (``smollm2``) or a local HF model directory."""
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    """Weight dtype of the generating copy (bf16 is ~3x faster than fp32 on CPUs with AVX512-BF16)."""
+    device: str = "cpu"
+    """Torch device of the generating model."""
+    max_batch_size: int = Field(64, ge=1)
+    """Rows (completions) decoded together; larger rounds are split into chunks of whole requests."""
+    share_policy: bool = False
+    """Generate with the trainer's policy module itself (no copy, weight sync is free, but generation runs in the
+    policy's dtype); otherwise the backend holds its own copy in ``dtype`` and ``update_weights`` copies the state."""
+    cache_dir: str | None = None
+    """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
+
+
+def load_hf_model(model: str | os.PathLike[str], *, dtype: str = "bfloat16", device: str = "cpu",
+                  cache_dir: str | None = None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a prepared model name or a local HF directory (eval mode, no grad)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sara.models import resolve_model
+
+    path = resolve_model(model, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    module = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype]).to(device).eval()
+    return module, tokenizer
+
+
+@dataclass
+class _Row:
+    """One completion being generated."""
+
+    request: int
+    prompt_ids: list[int]
+    seed: int
+    cap: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str = ""
+    text: str | None = None
+
+
+class HFBackend:
+    """``GenerationBackend`` on a transformers causal LM.
+
+    Args:
+        model: A prepared model name / local HF directory (loaded here), or an already-loaded causal-LM module (used
+            as is, not copied: pass ``tokenizer`` too).
+        tokenizer: The tokenizer (required with a module; loaded from the directory otherwise).
+        **options: ``HFBackendConfig`` fields (``dtype``, ``device``, ``max_batch_size``, ...).
+    """
+
+    def __init__(self, model: Any = None, tokenizer: Any = None, **options: Any) -> None:
+        if model is not None and isinstance(model, (str, os.PathLike)):
+            options["model"] = str(model)
+            model = None
+        self.config = validate_config(HFBackendConfig, options, what="backend 'hf'")
+        if model is None:
+            model, tok = load_hf_model(self.config.model, dtype=self.config.dtype, device=self.config.device,
+                                       cache_dir=self.config.cache_dir)
+            tokenizer = tokenizer or tok
+        elif tokenizer is None:
+            raise ValueError("HFBackend: pass tokenizer= together with a model module")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
+        self.pad_id = int(pad)
+        self.version = 0
+        self.closed = False
+        self.tokens_generated = 0
+        self.per_request_seeds = True  # every completion is a function of its own seed (see the module docstring)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """Chat messages -> prompt text (chat template + generation prompt); for ``TaskEnv(render_chat=...)``."""
+        return _render_chat(self.tokenizer, messages)
+
+    # ------------------------------------------------------------------------------------------------ generation
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
+        """Return ``out[i]`` with ``requests[i].n`` completions, in seed order."""
+        if self.closed:
+            raise RuntimeError("HFBackend is closed")
+        prompts = [encode_prompt(self.tokenizer, r.prompt) for r in requests]
+        rows = [_Row(i, prompts[i], int(s), int(r.max_new_tokens if r.max_new_tokens is not None
+                                                 else sampling.max_new_tokens))
+                for i, r in enumerate(requests) for s in r.seeds]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for chunk in self._chunks(rows):
+                self._generate_chunk(chunk, sampling)
+        finally:
+            if was_training:
+                self.model.train()
+        out: list[list[Completion]] = [[] for _ in requests]
+        for row in rows:
+            text = row.text if row.text is not None else self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            out[row.request].append(Completion(
+                text=text, token_ids=tuple(row.tokens), logprobs=tuple(row.logprobs),
+                prompt_token_ids=tuple(row.prompt_ids), finish_reason=row.finish, seed=row.seed,
+                metadata={"weights_version": self.version}))
+            self.tokens_generated += len(row.tokens)
+        return out
+
+    def _chunks(self, rows: list[_Row]) -> list[list[_Row]]:
+        """Split rows into chunks of at most ``max_batch_size``, keeping a request's rows together when they fit."""
+        size = self.config.max_batch_size
+        chunks: list[list[_Row]] = []
+        cur: list[_Row] = []
+        i = 0
+        while i < len(rows):
+            j = i
+            while j < len(rows) and rows[j].request == rows[i].request:
+                j += 1
+            group = rows[i:j]
+            if cur and len(cur) + len(group) > size:
+                chunks.append(cur)
+                cur = []
+            while len(group) > size:
+                chunks.append(group[:size])
+                group = group[size:]
+            cur.extend(group)
+            i = j
+        if cur:
+            chunks.append(cur)
+        return chunks
+
+    @torch.inference_mode()
+    def _generate_chunk(self, rows: list[_Row], sampling: SamplingConfig) -> None:
+        from transformers import DynamicCache
+
+        dev = self.device
+        # 1) prefill each distinct prompt once (left padding), then repeat its cache for its rows
+        uniq: dict[int, int] = {}
+        for r in rows:
+            uniq.setdefault(r.request, len(uniq))
+        prompt_of = {r.request: r.prompt_ids for r in rows}
+        plist = [prompt_of[q] for q in uniq]
+        width = max(len(p) for p in plist)
+        ids = torch.full((len(plist), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(plist), width), dtype=torch.long)
+        for i, p in enumerate(plist):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits, cache = self._forward(ids, mask, pos, cache)
+        sel = torch.tensor([uniq[r.request] for r in rows], dtype=torch.long, device=dev)
+        logits = logits.index_select(0, sel)
+        if len(plist) != len(rows) or not torch.equal(sel, torch.arange(len(rows), device=dev)):
+            cache.reorder_cache(sel)
+        mask = mask.index_select(0, sel)
+        next_pos = mask.sum(-1, keepdim=True)  # position of the next token per row
+        seeds = np.asarray([r.seed for r in rows], dtype=np.uint64)
+        live = list(range(len(rows)))  # indices into rows of the batch rows, in batch order
+        # 2) decode
+        for t in range(max(r.cap for r in rows)):
+            tok, lp = self._sample(logits, seeds[live], t, sampling)
+            keep: list[int] = []
+            for b, ri in enumerate(live):
+                row = rows[ri]
+                token = int(tok[b])
+                row.tokens.append(token)
+                row.logprobs.append(float(lp[b]))
+                if token in self.eos:
+                    row.finish = "stop"
+                elif sampling.stop and self._hit_stop(row, sampling.stop):
+                    row.finish = "stop"
+                elif len(row.tokens) >= row.cap:
+                    row.finish = "length"
+                else:
+                    keep.append(b)
+            if not keep:
+                break
+            live_next = [live[b] for b in keep]
+            if len(keep) < len(live):
+                kt = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.reorder_cache(kt)
+                mask, next_pos, tok = mask.index_select(0, kt), next_pos.index_select(0, kt), tok.index_select(0, kt)
+            live = live_next
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
+            logits, cache = self._forward(tok.view(-1, 1), mask, next_pos, cache)
+            next_pos = next_pos + 1
+        for r in rows:  # a cap of 0 generates nothing
+            r.finish = r.finish or "length"
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
+                 ) -> tuple[torch.Tensor, Any]:
+        """Last-position logits ``[B, V]`` (float32) and the updated cache."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1, :].float(), out.past_key_values
+
+    def _hit_stop(self, row: _Row, stops: Sequence[str]) -> bool:
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        end = find_stop(text, stops)
+        if end < 0:
+            return False
+        row.text = text[:end]
+        return True
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, seeds: np.ndarray, t: int, sampling: SamplingConfig
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw one token per row (inverse CDF with the per-row uniform ``u(seed, t)``); return ``(tokens, logp)``.
+
+        ``logp`` is the sampled token's log-prob under the raw distribution (temperature 1, no top-p).
+        """
+        logz = torch.logsumexp(logits, dim=-1)
+        if sampling.temperature <= 0:
+            tok = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(logits / sampling.temperature, dim=-1).double()
+            order = None
+            if sampling.top_p < 1.0:
+                probs, order = probs.sort(dim=-1, descending=True)
+                cum = probs.cumsum(dim=-1)
+                probs = probs.masked_fill(cum - probs >= sampling.top_p, 0.0)  # the top token always stays
+            cdf = probs.cumsum(dim=-1)
+            u = torch.from_numpy(uniform_from_seeds(seeds, stream=t)).to(cdf.device) * cdf[:, -1]
+            idx = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=cdf.shape[-1] - 1)
+            tok = (order.gather(-1, idx) if order is not None else idx).squeeze(-1)
+        lp = logits.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - logz
+        return tok, lp
+
+    # ------------------------------------------------------------------------------------------------ weights
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Load the trainer's weights (cast to this copy's dtype); a no-op copy when the module is shared."""
+        if version <= self.version:
+            raise ValueError(f"weights version must increase: got {version} after {self.version}")
+        state = generator_state(state_dict)
+        own = self.model.state_dict()
+        if not all(k in own and own[k].data_ptr() == v.data_ptr() for k, v in state.items() if hasattr(v, "data_ptr")):
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+            if unexpected or set(missing) - tied:
+                raise ValueError(f"HFBackend.update_weights: state does not match the model (missing "
+                                 f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        self.version = int(version)
+
+    def close(self) -> None:
+        """Drop the model reference (memory is freed once the trainer lets go of it too)."""
+        self.closed = True
+        self.model = None
+
+
+def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> HFBackend:
+    """Backend factory for ``BACKENDS["hf"]``.
+
+    With an ``HFPolicy`` the backend generates from the policy's weights: the policy's own module when
+    ``share_policy=true``, else a copy in the backend's ``dtype`` (the default); without a policy it loads
+    ``options["model"]``.
+    """
+    opts = dict(options or {})
+    cfg = validate_config(HFBackendConfig, opts, what="backend 'hf'")
+    module = getattr(policy, "model", None)
+    if module is None:
+        return HFBackend(**opts)
+    if cfg.share_policy:
+        return HFBackend(module, policy.tokenizer, **opts)
+    import copy
+
+    gen = copy.deepcopy(module).to(dtype=_DTYPES[cfg.dtype], device=cfg.device).eval()
+    for p in gen.parameters():
+        p.requires_grad_(False)
+    return HFBackend(gen, policy.tokenizer, **opts)
