@@ -114,6 +114,11 @@ class TinyConfig(SaraModel):
     """Add a scalar value head (PPO's critic) on the final hidden state."""
     init_seed: int = 0
     """Seed of the weight initialisation."""
+    digit_places: bool = True
+    """Add "digit place" embeddings (Abacus-style): each prompt digit gets its place counted from the right of its
+    number (units, tens, ...), each completion token its offset after the prompt's first ``=``. Computed from the
+    token ids (causal: a completion token's feature never depends on later tokens). A strong inductive bias for
+    arithmetic; no effect when the alphabet has no ``=``."""
 
     @field_validator("n_heads")
     @classmethod
@@ -159,6 +164,15 @@ class TinyPolicy(nn.Module):
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, v, bias=False)
         self.value = nn.Linear(d, 1) if cfg.value_head else None
+        self.places: nn.Embedding | None = None
+        if cfg.digit_places and "=" in cfg.alphabet:
+            self.places = nn.Embedding(2 * cfg.max_len + 2, d)  # 0: none, 1..: prompt-digit place, then answer offset
+            digit = torch.zeros(v, dtype=torch.bool)
+            for c in "0123456789":
+                if c in cfg.alphabet:
+                    digit[self.tokenizer.encode(c)[0]] = True
+            self.register_buffer("_is_digit", digit, persistent=False)
+            self._eq_id = self.tokenizer.encode("=")[0]
         for name, p in self.named_parameters():  # deterministic init from init_seed, independent of global RNG
             with torch.no_grad():
                 if p.dim() >= 2:
@@ -184,9 +198,29 @@ class TinyPolicy(nn.Module):
         if t > self.config.max_len:
             raise ValueError(f"sequence length {t} exceeds the policy's max_len {self.config.max_len}")
         x = self.tok(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
+        if self.places is not None:
+            x = x + self.places(self._place_ids(input_ids))
         for blk in self.blocks:
             x = blk(x)
         return self.ln_f(x)
+
+    def _place_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` place index: 1 + place-from-right of a prompt digit, ``max_len + 1 + offset`` for tokens after
+        the first ``=`` (offset 0 = first completion token), 0 otherwise."""
+        b, t = ids.shape
+        ml = self.config.max_len
+        is_eq = ids == self._eq_id
+        pos = torch.arange(t, device=ids.device).expand(b, t)
+        eq_at = torch.where(is_eq.any(1), is_eq.int().argmax(1), torch.full((b,), t, device=ids.device))
+        in_prompt = pos < eq_at[:, None]
+        digit = self._is_digit[ids] & in_prompt
+        place = torch.zeros(b, t, dtype=torch.long, device=ids.device)
+        run = torch.zeros(b, dtype=torch.long, device=ids.device)
+        for j in range(t - 1, -1, -1):  # digits to the right within the same number (prompt only: no leak)
+            run = torch.where(digit[:, j], run + 1, torch.zeros_like(run))
+            place[:, j] = run
+        after = pos > eq_at[:, None]
+        return torch.where(after, ml + 1 + (pos - eq_at[:, None] - 1).clamp(max=ml), place.clamp(max=ml))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``[B, T, V]``: ``logits[:, t]`` predicts ``input_ids[:, t + 1]``."""
