@@ -82,8 +82,9 @@ class TrainConfig(SaraModel):
     """Run name (the default output directory is ``runs/<name>``)."""
     seed: int = Field(0, ge=0)
     """Seed of rollouts, prompt order and mini-batch order."""
-    task: str = "sara/Arithmetic-v0"
-    """Task id or spec (``"sara/Arithmetic-v0:max_digits=2"``), see ``sara.envs.tasks``."""
+    task: str = "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000"
+    """Task id or spec, see ``sara.envs.tasks``. Default: additions of 1- and 2-digit numbers (mixed widths, with and
+    without carries: a wide spread of per-prompt difficulty for the warm-started tiny policy)."""
     policy: str = "tiny"
     """Policy factory name in ``sara.policies.POLICIES`` (or ``"module:attr"``)."""
     policy_options: dict[str, Any] = Field(default_factory=dict)
@@ -247,6 +248,10 @@ class RunSummary:
     ds_rollouts_estimate: float
     wall_seconds: float
     out_dir: str
+    abandoned_tokens: int = 0
+    """Tokens generated for units the allocator abandoned (spent without reaching the batch)."""
+    ds_tokens_estimate: float = float("nan")
+    """Tokens DS would have generated: ``ds_rollouts_estimate`` x this run's mean tokens per rollout."""
 
     @property
     def effective_fraction(self) -> float:
@@ -569,6 +574,7 @@ class Trainer:
         t = self.totals
         t["rollouts"] += st.rollouts
         t["tokens"] += st.tokens
+        t["abandoned_tokens"] += st.abandoned_tokens
         t["committed_groups"] += st.committed_groups
         t["effective_groups"] += st.effective_groups
         t["mixed_expected"] += st.effective_groups + early_mixed
@@ -579,6 +585,7 @@ class Trainer:
         t = self.totals
         p_mixed = t["mixed_expected"] / t["units_examined"] if t["units_examined"] else 0.0
         return {"env/cum_rollouts": t["rollouts"], "env/cum_tokens": t["tokens"],
+                "env/cum_abandoned_tokens": t["abandoned_tokens"],
                 "env/cum_effective_groups": t["effective_groups"], "env/cum_committed_groups": t["committed_groups"],
                 "env/p_mixed_estimate": p_mixed, "train/step": float(self.step),
                 "train/weights_version": float(self.version)}
@@ -620,7 +627,8 @@ class Trainer:
             greedy_before=first.get("eval/acc_greedy"), greedy_after=last.get("eval/acc_greedy"),
             rollouts=int(t["rollouts"]), tokens=int(t["tokens"]), effective_groups=int(t["effective_groups"]),
             committed_groups=int(t["committed_groups"]), p_mixed=p_mixed, ds_rollouts_estimate=ds,
-            wall_seconds=self.wall_seconds, out_dir=str(self.out_dir))
+            wall_seconds=self.wall_seconds, out_dir=str(self.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
+            ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"))
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

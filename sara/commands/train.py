@@ -74,15 +74,20 @@ def format_summary(s: Any, *, k: int) -> str:
         ("training steps", f"{s.steps}"),
         ("rollouts spent", f"{s.rollouts:,}"),
         ("tokens generated", f"{s.tokens:,}"),
+        ("tokens spent on abandoned prompts", f"{getattr(s, 'abandoned_tokens', 0):,}"),
         ("effective-group fraction of the batch", f"{_pct(s.effective_fraction)} "
                                                   f"({s.effective_groups:,} of {s.committed_groups:,} groups)"),
         ("P(mixed) of a fresh prompt (estimated)", _pct(s.p_mixed)),
     ]
-    if not math.isnan(s.ds_rollouts_estimate):
+    if not math.isnan(s.ds_rollouts_estimate) and s.ds_rollouts_estimate > 0:  # 0 when no group was effective
         rows += [
             ("DS would have spent (est.: k / P(mixed) per effective group)", f"{s.ds_rollouts_estimate:,.0f}"),
             ("rollouts saved vs DS (est.)", f"{saved:,.0f} ({_pct(saved / s.ds_rollouts_estimate)})"),
         ]
+        ds_tok = getattr(s, "ds_tokens_estimate", float("nan"))
+        if not math.isnan(ds_tok) and ds_tok > 0:
+            rows.append(("tokens saved vs DS (est., same tokens per rollout)",
+                         f"{ds_tok - s.tokens:,.0f} ({_pct((ds_tok - s.tokens) / ds_tok)})"))
     rows += [("wall time", f"{s.wall_seconds:.0f} s"),
              ("outputs", f"{s.out_dir}/metrics.jsonl, {s.out_dir}/learning_curve.png")]
     width = max(len(r[0]) for r in rows)
