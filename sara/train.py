@@ -447,7 +447,7 @@ class Trainer:
         resp_index = (torch.tensor(lens_p)[:, None] + j).clamp(max=t - 1)
         resp_mask = (j[None, :] < torch.tensor(lens_r)[:, None]).float()
         full_mask = torch.zeros(n, t)
-        full_mask.scatter_(1, resp_index, resp_mask)
+        full_mask.scatter_reduce_(1, resp_index, resp_mask, reduce="amax")  # clamped pad indices never unset a 1
         dev = _device(self.policy)
         tokens = TokenBatch(input_ids=ids.to(dev), attention_mask=attn.to(dev), response_mask=full_mask.to(dev))
         rewards = torch.tensor([r.reward for _, r in rows], dtype=torch.float32, device=dev)

@@ -340,11 +340,11 @@ def _nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
 class WarmStartConfig(SaraModel):
     """Supervised warm start to partial competence (teacher forcing on reference answers)."""
 
-    steps: int = Field(700, ge=0)
+    steps: int = Field(600, ge=0)
     """Optimizer steps (0 = no warm start, a random policy)."""
     batch_size: int = Field(128, ge=1)
     """Sequences per step."""
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(2e-3, gt=0)
     """AdamW learning rate (constant)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
