@@ -104,13 +104,13 @@ class TrainConfig(SaraModel):
     """Prompt sampler spec (see ``sara.allocators.SAMPLERS``)."""
     k: int = Field(8, ge=2)
     """Group size (rollouts per prompt when a group is complete)."""
-    groups_per_step: int = Field(64, ge=1)
+    groups_per_step: int = Field(32, ge=1)
     """Committed groups wanted per step (the training batch, in groups)."""
     max_rollouts_per_step: int | None = Field(None, ge=1)
     """Hard rollout budget of one step (None = none)."""
     rollout_budget: int | None = Field(None, ge=1)
     """Rollouts for the whole run; training stops when it is spent (None = run ``steps`` steps)."""
-    steps: int = Field(120, ge=0)
+    steps: int = Field(80, ge=0)
     """Training (collection) steps at most."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature of training rollouts and of ``eval/acc_sample``."""

@@ -12,8 +12,9 @@ from sara.cli import main  # noqa: E402
 
 ALGOS = ["grpo", "rloo", "ppo", "reinforce_pp"]
 ALLOCATORS = ["uniform", "ds", "sara"]
-LOOSE_MARGIN = 0.0
-"""Every cell must end at least this much above where it started (held-out sampled accuracy, same eval seeds)."""
+LOOSE_MARGIN = 0.005
+"""Every cell must end at least this much above where it started (held-out sampled accuracy, same eval seeds; looser
+than the GRPO + SARA learning test's 0.02). Measured on this machine: +0.018 to +0.033 across the 12 cells."""
 
 
 @pytest.mark.slow

@@ -22,9 +22,9 @@ from typing import Any
 __all__ = ["register", "run", "run_matrix", "QUICK", "format_table", "sara_vs_ds"]
 
 QUICK: dict[str, Any] = {
-    "groups_per_step": 16,
-    "optim": {"lr": 1e-3},
-    "eval": {"num_prompts": 200, "samples": 2, "greedy": False},
+    "groups_per_step": 32,
+    "optim": {"lr": 2e-4},
+    "eval": {"num_prompts": 300, "samples": 2, "greedy": False},
 }
 """Overrides of ``--quick`` (a CI-sized matrix: small batches, a higher learning rate, a smaller evaluation)."""
 
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--algos", default="grpo,rloo,ppo,reinforce_pp", help="comma-separated algorithm specs")
     p.add_argument("--allocators", default="uniform,ds,sara", help="comma-separated allocator specs")
     p.add_argument("--steps", type=int, default=None,
-                   help="uniform-allocation steps that define the rollout budget (default 40, --quick 6)")
+                   help="uniform-allocation steps that define the rollout budget (default 20, --quick 6)")
     p.add_argument("--quick", action="store_true", help="a tiny CI-sized matrix")
     p.add_argument("--config", metavar="FILE", help="base TrainConfig (YAML/JSON) shared by every cell")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"matrix: field 'steps': must be >= 1 (got {args.steps})")
-    steps = args.steps or (6 if args.quick else 40)
+    steps = args.steps or (6 if args.quick else 20)
     base = load_config(args.config, [], base=apply_overrides(QUICK, []) if args.quick else None)
     base = load_config(None, args.overrides, base=base.model_dump())
     out = Path(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"))
@@ -130,7 +130,7 @@ def run_matrix(base: Mapping[str, Any], algos: Sequence[str], allocators: Sequen
     n_cells = len(algos) * len(allocators)
     workers = max(1, min(workers or cores, n_cells))
     threads = max(1, cores // workers)
-    every = base_cfg.eval.every if "every" in dict(base.get("eval", {}) or {}) else max(1, steps // 5)
+    every = base_cfg.eval.every if "every" in dict(base.get("eval", {}) or {}) else max(1, steps // 3)
     cells = []
     for algo in algos:
         for alloc in allocators:

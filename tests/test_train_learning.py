@@ -1,0 +1,47 @@
+"""The tiny policy really learns: GRPO + SARA raises held-out accuracy by a stated margin (fixed seed)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from sara.train import TrainConfig, Trainer  # noqa: E402
+
+MARGIN = 0.02
+"""Held-out sampled accuracy (300 prompts x 4 samples, the same seeds before and after) must rise by at least this.
+Measured on this machine with these settings: 0.174 -> 0.2175 after 15 steps."""
+
+
+@pytest.mark.slow
+def test_grpo_sara_improves_held_out_accuracy(tmp_path):
+    cfg = TrainConfig(algo="grpo", allocator="sara", steps=15, groups_per_step=32, optim={"lr": 2e-4},
+                      eval={"every": 0, "num_prompts": 300, "samples": 4, "greedy": False},
+                      out_dir=str(tmp_path / "run"), progress=False, seed=0)
+    with Trainer(cfg) as trainer:
+        summary = trainer.train()
+        assert trainer.optimizer_steps == 15 and trainer.version == 15
+    assert summary.acc_after >= summary.acc_before + MARGIN, summary
+    assert summary.effective_fraction == 1.0  # SARA commits mixed groups only
+    assert summary.rollouts > 0 and summary.tokens >= summary.rollouts
+    assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 0
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 16
+
+
+def test_train_step_phases_and_namespaces(tmp_path):
+    """One step on a small random policy: the flat metrics carry every phase timer and namespace."""
+    cfg = TrainConfig(task="sara/Arithmetic-v0:max_digits=1,pool_size=150,eval_size=20",
+                      policy_options={"d_model": 32, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}},
+                      algo="reinforce_pp", allocator="sara:completion=as_is", k=4, groups_per_step=4, steps=1,
+                      eval={"num_prompts": 10, "samples": 1}, out_dir=str(tmp_path), progress=False, scorer="inline",
+                      optim={"minibatch_rollouts": 3, "epochs": 2})
+    with Trainer(cfg) as trainer:
+        m = trainer.train_step()
+        assert trainer.reference is not None  # reinforce_pp folds a KL penalty into the reward
+        assert trainer.backend.version == trainer.version == 1
+    for key in ("time/collect", "time/advantages", "time/update", "time/sync", "time/step"):
+        assert m[key] >= 0.0
+    assert {k.split("/")[0] for k in m} >= {"alloc", "algo", "env", "time"}
+    n = m["alloc/committed_rollouts"]
+    assert m["algo/optimizer_steps"] == 2 * -(-n // 3)  # epochs x ceil(rollouts / minibatch)
+    assert abs(m["algo/gen_logprob_gap"]) < 1e-4  # generator and trainer agree on log-probs
