@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     allocs = [a.strip() for a in args.allocators.split(",") if a.strip()]
     t0 = time.perf_counter()
-    results = run_matrix(base.model_dump(), algos, allocs, steps=steps, out_dir=out, workers=args.workers)
+    every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
+    results = run_matrix(base.model_dump(), algos, allocs, steps=steps, out_dir=out, workers=args.workers,
+                         eval_every=every)
     table = format_table(results)
     notes = sara_vs_ds(results)
     cmd = "sara matrix " + " ".join(_argv(args))
@@ -102,7 +104,8 @@ def _run_cell(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_matrix(base: Mapping[str, Any], algos: Sequence[str], allocators: Sequence[str], *, steps: int,
-               out_dir: str | Path, workers: int | None = None) -> list[dict[str, Any]]:
+               out_dir: str | Path, workers: int | None = None, eval_every: int | None = None
+               ) -> list[dict[str, Any]]:
     """Train every (algo, allocator) cell from ``base`` at the same rollout budget; write table, plot and JSON.
 
     Args:
@@ -113,6 +116,7 @@ def run_matrix(base: Mapping[str, Any], algos: Sequence[str], allocators: Sequen
             ``base`` sets ``rollout_budget``.
         out_dir: Output directory.
         workers: Parallel processes (default: one per core, at most one per cell).
+        eval_every: Evaluate every this many steps (default: ``steps // 3``, so every curve has a few points).
 
     Returns:
         One dict per cell: ``RunSummary`` fields plus ``curve`` (eval records) and ``wall_seconds``.
@@ -130,7 +134,7 @@ def run_matrix(base: Mapping[str, Any], algos: Sequence[str], allocators: Sequen
     n_cells = len(algos) * len(allocators)
     workers = max(1, min(workers or cores, n_cells))
     threads = max(1, cores // workers)
-    every = base_cfg.eval.every if "every" in dict(base.get("eval", {}) or {}) else max(1, steps // 3)
+    every = eval_every if eval_every is not None else max(1, steps // 3)
     cells = []
     for algo in algos:
         for alloc in allocators:
