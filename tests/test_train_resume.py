@@ -65,6 +65,9 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     resumed = read_jsonl(killed / "metrics.jsonl")
     assert deterministic_view(resumed) == deterministic_view(reference)
     # the run exercised what a checkpoint must carry: PPO's value head, several optimizer steps per step, a schedule
-    assert all("algo/vf_loss" in r and r["algo/optimizer_steps"] == 4 for r in reference[1:])
-    assert reference[-1]["train/optimizer_steps"] == 32 and reference[3]["train/lr"] != reference[-1]["train/lr"]
+    per_step = [2 * -(-int(r["alloc/committed_rollouts"]) // 8) for r in reference[1:]]  # epochs x mini-batches
+    assert all("algo/vf_loss" in r for r in reference[1:]) and min(per_step) >= 4
+    assert [r["algo/optimizer_steps"] for r in reference[1:]] == per_step
+    assert reference[-1]["train/optimizer_steps"] == sum(per_step)
+    assert reference[3]["train/lr"] != reference[-1]["train/lr"]
     assert [r["step"] for r in reference if "eval/acc_sample" in r] == [0, 3, 6, 8]
