@@ -78,6 +78,20 @@ class Registry(Generic[T]):
                 raise KeyError(f"unknown {self.kind} {name!r} ({exc}); known: {', '.join(self.names())}") from exc
         raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
 
+    def from_spec(self, spec: str) -> tuple[T, dict[str, str]]:
+        """Parse ``"name:key=value,..."`` and look the name up; ``(object, options)``.
+
+        Raises:
+            ConfigError: unknown name (the message lists the known ones) or a malformed spec.
+        """
+        from sara.config import ConfigError, parse_spec
+
+        name, options = parse_spec(spec)
+        try:
+            return self.get(name), options
+        except KeyError as exc:
+            raise ConfigError(str(exc.args[0])) from None
+
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(self._items)

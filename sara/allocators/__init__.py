@@ -26,7 +26,7 @@ from sara.allocators.posteriors import p_effective
 from sara.allocators.samplers import SAMPLERS, PromptSampler, UniformSampler, make_sampler
 from sara.allocators.sara import SARAAllocator, SARAConfig
 from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingConfig, UniformAllocator
-from sara.config import ConfigError, parse_spec
+from sara.config import ConfigError
 from sara.registry import Registry
 from sara.types import Decision
 
@@ -85,13 +85,9 @@ def make_allocator(spec: str | BudgetAllocator, **defaults: Any) -> BudgetAlloca
     """
     if isinstance(spec, BudgetAllocator):
         return spec
-    name, options = parse_spec(spec)
-    try:
-        cls = ALLOCATORS.get(name)
-    except KeyError as exc:
-        raise ConfigError(str(exc.args[0])) from None
+    cls, options = ALLOCATORS.from_spec(spec)
     if not (isinstance(cls, type) and issubclass(cls, BudgetAllocator)):
-        raise ConfigError(f"{name!r} is not a BudgetAllocator subclass")
+        raise ConfigError(f"{spec!r} does not name a BudgetAllocator subclass")
     known = cls.Config.model_fields
     merged = {k: v for k, v in defaults.items() if k in known}
     merged.update(options)

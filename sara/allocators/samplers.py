@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from sara.config import ConfigError, SaraModel, parse_spec, validate_config
+from sara.config import ConfigError, SaraModel, validate_config
 from sara.registry import Registry
 
 __all__ = ["PromptSampler", "UniformSampler", "UniformSamplerConfig", "SAMPLERS", "make_sampler"]
@@ -108,12 +108,8 @@ def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0) ->
     """Build a sampler from ``"name"`` / ``"name:key=value,..."`` for a pool of ``pool_size`` prompts."""
     if isinstance(spec, PromptSampler):
         return spec
-    name, options = parse_spec(spec)
-    try:
-        cls = SAMPLERS.get(name)
-    except KeyError as exc:
-        raise ConfigError(str(exc.args[0])) from None
+    cls, options = SAMPLERS.from_spec(spec)
     try:
         return cls(pool_size, seed=seed, **options)
     except TypeError as exc:
-        raise ConfigError(f"sampler {name!r}: {exc}") from None
+        raise ConfigError(f"sampler {spec!r}: {exc}") from None
