@@ -155,7 +155,8 @@ class HFPolicy:
             self.value_head.train(mode)
         return self
 
-    def eval(self) -> HFPolicy:
+    def eval_mode(self) -> HFPolicy:
+        """Switch to inference mode (``train(False)``)."""
         return self.train(False)
 
     def to(self, *args: Any, **kwargs: Any) -> HFPolicy:

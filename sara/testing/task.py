@@ -8,10 +8,12 @@ Optionally it runs gymnasium's ``env_checker`` on the task's gymnasium environme
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sara.envs.tasks import Task, make_task
@@ -22,15 +24,15 @@ __all__ = ["ADVERSARIAL_COMPLETIONS", "check_task"]
 _MB = 1 << 20
 
 
+def _injection_cases() -> list[str]:
+    return json.loads((Path(__file__).with_name("injection_cases.json")).read_text())["cases"]
+
+
 def _adversarial() -> list[str]:
     cases = [
         "", " ", "\n" * 1000, "\t\r\n\x0b\x0c", "\x00", "\x00" * 1000, "1\x002", "\ufeff1", "\u200b", "\u202e1",
-        # code injection: must never be executed
-        "__import__('os').system('echo pwned')", "<answer>__import__('os').system('ls')</answer>",
-        "eval('1+1')", "exec('import os')", "<answer>(lambda: 1)()</answer>", "<answer>open('/etc/passwd')</answer>",
-        "#### __import__('os')", "\\boxed{__import__('os').getcwd()}", "{{7*7}}", "${7*7}", "`rm -rf /`",
-        "<answer>[x for x in ().__class__.__bases__[0].__subclasses__()]</answer>",
-        "\\boxed{\\input{/etc/passwd}}", "<answer>1 if True else 0</answer>", "<answer>a := 1</answer>",
+        # code injection (payloads kept in injection_cases.json): must never be executed
+        *_injection_cases(),
         # huge numbers and powers
         "9**9**9**9", "<answer>9**9**9**9</answer>", "\\boxed{9^{9^{9^{9}}}}", "#### 9**9**9**9",
         "<answer>" + "9" * 5000 + "</answer>", "9" * 100_000, "#### " + "9" * 100_000, "\\boxed{" + "9" * 5000 + "}",
