@@ -31,8 +31,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from sara.allocators.posteriors import fit_beta_marginal_likelihood, p_effective
 from sara.config import ConfigError, SaraModel, parse_spec, validate_config
 from sara.envs.backends.ray_pool import RayTrainOptions
+from sara.types import Decision
 
 __all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "Trainer", "RunSummary", "load_config", "apply_overrides"]
 
@@ -548,7 +550,6 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ metrics
     def _collect_metrics(self, result: Any) -> dict[str, float]:
         """``alloc/...`` accounting of the step, ``env/...`` rewards, and the running P(mixed) estimate."""
-        from sara.allocators import p_effective
 
         st = result.stats
         out = st.as_metrics("alloc/")
@@ -559,31 +560,21 @@ class Trainer:
         out["env/reward_mean"] = float(rewards.mean()) if len(rewards) else 0.0
         out["env/reward_committed"] = float(committed.mean()) if len(committed) else 0.0
         out["env/group_size_mean"] = float(np.mean([g.size for g in result.groups])) if result.groups else 0.0
-        # P(mixed) of a fresh prompt's full size-k group: committed groups count as observed (effective or not);
-        # units closed early count with their posterior p_eff (an abandoned unit might have become mixed).
-        early = [g for g in (*result.abandoned, *result.discarded) if g.size > 0]
-        k = self.config.k
-        if early:
-            n = np.array([min(g.size, k) for g in early])
-            s = np.array([float(np.rint(g.rewards.sum())) for g in early])
-            s = np.minimum(s, n)
-            early_mixed = float(np.sum(np.where(
-                np.array([g.is_effective() for g in early]), 1.0, p_effective(n, s, k))))
-        else:
-            early_mixed = 0.0
+        record_units(self.totals, all_groups, self.config.k)  # for the P(mixed) estimate behind the DS comparison
         t = self.totals
         t["rollouts"] += st.rollouts
         t["tokens"] += st.tokens
         t["abandoned_tokens"] += st.abandoned_tokens
         t["committed_groups"] += st.committed_groups
         t["effective_groups"] += st.effective_groups
-        t["mixed_expected"] += st.effective_groups + early_mixed
-        t["units_examined"] += st.committed_groups + len(early)
         return out
+
+    def _p_mixed(self) -> float:
+        return estimate_p_mixed(self.totals, self.config.k)
 
     def _cumulative(self) -> dict[str, float]:
         t = self.totals
-        p_mixed = t["mixed_expected"] / t["units_examined"] if t["units_examined"] else 0.0
+        p_mixed = self._p_mixed()
         return {"env/cum_rollouts": t["rollouts"], "env/cum_tokens": t["tokens"],
                 "env/cum_abandoned_tokens": t["abandoned_tokens"],
                 "env/cum_effective_groups": t["effective_groups"], "env/cum_committed_groups": t["committed_groups"],
@@ -618,7 +609,7 @@ class Trainer:
         evals = [r for r in (records or self.evals) if "eval/acc_sample" in r]
         first, last = (evals[0], evals[-1]) if evals else ({}, {})
         t = self.totals
-        p_mixed = t["mixed_expected"] / t["units_examined"] if t["units_examined"] else 0.0
+        p_mixed = self._p_mixed()
         ds = t["effective_groups"] * self.config.k / p_mixed if p_mixed > 0 else float("nan")
         return RunSummary(
             name=self.config.name, algo=self.config.algo, allocator=self.config.allocator, steps=self.step,
@@ -716,3 +707,29 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
         return max(1, os.cpu_count() or 1)
+
+
+def record_units(totals: dict[str, float], groups: Sequence[Any], k: int) -> None:
+    """Count every closed unit's ``(n, s, effective)`` into ``totals`` (flat float keys ``ns/<n>/<s>/<eff>``)."""
+    for g in groups:
+        n_g = min(g.size, k)
+        s_g = min(int(np.rint(g.rewards[:n_g].sum())), n_g)
+        eff = int(g.decision == Decision.COMMIT and g.is_effective())
+        totals[f"ns/{n_g}/{s_g}/{eff}"] = totals.get(f"ns/{n_g}/{s_g}/{eff}", 0.0) + 1.0
+
+
+def estimate_p_mixed(totals: Mapping[str, float], k: int) -> float:
+    """P(a fresh prompt's full size-k group is mixed), for the 'what DS would have spent' estimate.
+
+    Units observed to be effective count 1; every other closed unit (abandoned, discarded, saturated) counts its
+    posterior-predictive p_eff under a Beta prior fitted by marginal likelihood to ALL closed units' (n, s) — valid
+    because the stopping rule depends only on observed outcomes. (The allocator's own uniform prior would credit a
+    prompt abandoned after 4 failures with a 44% chance of mixing, whatever the population.)
+    """
+    rows = [(*map(int, key.split("/")[1:]), c) for key, c in totals.items() if key.startswith("ns/")]
+    if not rows:
+        return 0.0
+    n, s, eff, c = (np.array(x, dtype=np.float64) for x in zip(*rows))
+    a, b = fit_beta_marginal_likelihood(n, s, weights=c)
+    p = np.where(eff > 0, 1.0, p_effective(n, s, k, a, b))
+    return float(np.sum(c * p) / np.sum(c))

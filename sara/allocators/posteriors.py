@@ -108,26 +108,33 @@ def fit_beta_moments(n: ArrayLike, s: ArrayLike, *, min_conc: float = 1e-2, max_
 
 
 def fit_beta_marginal_likelihood(
-    n: ArrayLike, s: ArrayLike, *, init: tuple[float, float] | None = None, max_conc: float = 1e4
+    n: ArrayLike, s: ArrayLike, *, init: tuple[float, float] | None = None, max_conc: float = 1e4,
+    weights: ArrayLike | None = None,
 ) -> tuple[float, float]:
     """Maximum marginal-likelihood Beta-Binomial fit (empirical Bayes), vectorized over prompts.
 
-    Optimizes ``sum_i log BetaBinomial(s_i | n_i, a, b)`` over ``(log a, log b)`` with L-BFGS-B, started at the
-    method-of-moments estimate.
+    Optimizes ``sum_i w_i log BetaBinomial(s_i | n_i, a, b)`` over ``(log a, log b)`` with L-BFGS-B, started at the
+    method-of-moments estimate. Sequentially stopped prefixes are valid data: a stopping rule that depends only on
+    the observed outcomes leaves the likelihood unchanged, so abandoned prompts' ``(n, s)`` can be pooled with full
+    groups. ``weights`` (e.g. counts of identical ``(n, s)`` rows) default to 1.
     """
     from scipy.optimize import minimize
 
     n = np.asarray(n, dtype=np.float64)
     s = np.asarray(s, dtype=np.float64)
-    keep = n > 0
-    n, s = n[keep], s[keep]
-    if len(n) < 2:
+    w = np.ones_like(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    keep = (n > 0) & (w > 0)
+    n, s, w = n[keep], s[keep], w[keep]
+    if w.sum() < 2:
         return 1.0, 1.0
-    a0, b0 = init or fit_beta_moments(n, s)
+    if init is None:
+        reps = np.rint(w).astype(np.int64) if weights is not None else None
+        init = fit_beta_moments(np.repeat(n, reps), np.repeat(s, reps)) if reps is not None else fit_beta_moments(n, s)
+    a0, b0 = init
 
     def nll(x: np.ndarray) -> float:
         a, b = np.exp(x)
-        return -float(np.sum(betaln(a + s, b + n - s) - betaln(a, b)))
+        return -float(np.sum(w * (betaln(a + s, b + n - s) - betaln(a, b))))
 
     bound = (np.log(1e-3), np.log(max_conc))
     res = minimize(nll, np.log([max(a0, 1e-3), max(b0, 1e-3)]), method="L-BFGS-B", bounds=[bound, bound])
