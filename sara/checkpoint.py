@@ -6,10 +6,12 @@ previous complete checkpoint plus, at worst, a stray ``*.tmp`` file that ``lates
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +85,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created with its parents), so parallel processes build a cached
+    artifact once and the others wait; a no-op where ``fcntl`` is missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -153,12 +153,7 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]], path: str | Path,
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_matrix(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, *,
@@ -192,9 +187,16 @@ def plot_matrix(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | P
         ax.axis("off")
     if title:
         fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
+    """Lay out, write (creating parent directories) and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

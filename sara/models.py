@@ -13,7 +13,6 @@ Heavy imports (torch, transformers) happen inside ``prepare_model`` only.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.metadata
 import json
@@ -24,9 +23,10 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from sara.checkpoint import file_lock
 
 __all__ = ["MODELS", "ModelSource", "ModelPrepareError", "RegistryUnreachableError", "cache_root", "model_dir",
            "is_prepared", "prepare_model", "resolve_model"]
@@ -139,7 +139,7 @@ def prepare_model(name: str = "smollm2", cache_dir: str | os.PathLike[str] | Non
     if is_prepared(target) and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".{src.dirname}.lock"):  # parallel preparers: one converts, the others wait
+    with file_lock(target.parent / f".{src.dirname}.lock"):  # parallel preparers: one converts, the others wait
         if is_prepared(target) and not force:
             return target
         _prepare_locked(name, src, target, dtype=dtype, verbose=verbose)
@@ -162,22 +162,6 @@ def _prepare_locked(name: str, src: ModelSource, target: Path, *, dtype: str, ve
         out.rename(target)
     if verbose:
         print(f"prepared {name} in {time.perf_counter() - t0:.1f}s -> {target}")
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (no-op where ``fcntl`` is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
-        yield
-        return
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _source(name: str) -> ModelSource:

@@ -26,6 +26,7 @@ import numpy as np
 from sara.allocators import make_allocator, make_sampler
 from sara.collect import collect
 from sara.envs.simulated import SimulatedEnv
+from sara.metrics import save_figure
 from sara.types import CollectStats
 
 __all__ = ["AllocationBenchConfig", "AllocatorResult", "run_allocation_bench", "format_table", "plot_results"]
@@ -191,12 +192,7 @@ def plot_results(report: dict[str, Any], path: str | Path) -> Path | None:
     c = report["config"]
     ax.set_ylabel("rollouts per effective group ÷ DS")
     ax.set_title(f"population={c['population']}  k={c['k']}  target={c['target_groups']}  seeds={c['seeds']}", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> Path:

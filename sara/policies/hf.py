@@ -10,7 +10,6 @@ Shapes: ``B`` sequences, ``T`` positions, ``V`` vocabulary size, ``D`` hidden si
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -18,9 +17,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from sara.config import SaraModel, validate_config
+from sara.config import SaraModel
 from sara.envs.backends._common import NON_MODEL_PREFIXES
-from sara.envs.backends.hf import load_hf_model
+from sara.envs.backends.hf import resolve_hf_model
 from sara.policies.base import TokenBatch
 
 __all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
@@ -55,18 +54,8 @@ class HFPolicy:
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, **options: Any) -> None:
-        if model is not None and isinstance(model, (str, os.PathLike)):
-            options["model"] = str(model)
-            model = None
-        self.config = validate_config(HFPolicyConfig, options, what="policy 'hf'")
-        if model is None:
-            model, tok = load_hf_model(self.config.model, dtype=self.config.dtype, device=self.config.device,
-                                       cache_dir=self.config.cache_dir)
-            tokenizer = tokenizer or tok
-        elif tokenizer is None:
-            raise ValueError("HFPolicy: pass tokenizer= together with a model module")
-        self.model = model
-        self.tokenizer = tokenizer
+        self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFPolicyConfig,
+                                                                   what="policy 'hf'")
         self.model.train()
         if self.config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()

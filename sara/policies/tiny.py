@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import nn
 
+from sara.checkpoint import file_lock
 from sara.config import SaraModel
 from sara.policies.base import TokenBatch
 from sara.seeding import uniform_from_seeds
@@ -422,23 +423,6 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
             os.unlink(tmp)
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (so parallel processes warm-start once); no-op where fcntl is missing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
-        yield
-        return
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def make_tiny_policy(options: Mapping[str, Any] | None = None, *, prompts: Sequence[Prompt] = (),
                      cache_key: str = "", cache: bool = True, verbose: bool = False) -> TinyPolicy:
     """Build a tiny policy and warm-start it on ``prompts`` (cached on disk).
@@ -479,7 +463,7 @@ def _warm_start_cached(policy: TinyPolicy, prompts: Sequence[Prompt], ws: WarmSt
                        "n": len(prompts), "first": prompts[0].id, "last": prompts[-1].id}, sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()[:16]
     path = cache_dir() / "tiny" / f"warm-{key}.pt"
-    with _file_lock(path.with_suffix(".lock")) if cache else contextlib.nullcontext():
+    with file_lock(path.with_suffix(".lock")) if cache else contextlib.nullcontext():
         if cache and path.exists():
             state = torch.load(path, map_location="cpu", weights_only=True)
             policy.load_state_dict(state["model"])

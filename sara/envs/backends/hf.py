@@ -58,6 +58,24 @@ class HFBackendConfig(SaraModel):
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
 
 
+def resolve_hf_model(model: Any, tokenizer: Any, options: dict[str, Any], config_cls: type[Any], *,
+                     what: str) -> tuple[Any, Any, Any]:
+    """``(config, model, tokenizer)`` from either a model name/directory (loaded here) or a module + tokenizer.
+
+    ``config_cls`` is a pydantic config with ``model``, ``dtype``, ``device`` and ``cache_dir`` fields.
+    """
+    if model is not None and isinstance(model, (str, os.PathLike)):
+        options = {**options, "model": str(model)}
+        model = None
+    config = validate_config(config_cls, options, what=what)
+    if model is None:
+        model, tok = load_hf_model(config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir)
+        tokenizer = tokenizer or tok
+    elif tokenizer is None:
+        raise ValueError(f"{what}: pass tokenizer= together with a model module")
+    return config, model, tokenizer
+
+
 def load_hf_model(model: str | os.PathLike[str], *, dtype: str = "bfloat16", device: str = "cpu",
                   cache_dir: str | None = None) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a prepared model name or a local HF directory (eval mode, no grad)."""
@@ -96,18 +114,9 @@ class HFBackend:
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, **options: Any) -> None:
-        if model is not None and isinstance(model, (str, os.PathLike)):
-            options["model"] = str(model)
-            model = None
-        self.config = validate_config(HFBackendConfig, options, what="backend 'hf'")
-        if model is None:
-            model, tok = load_hf_model(self.config.model, dtype=self.config.dtype, device=self.config.device,
-                                       cache_dir=self.config.cache_dir)
-            tokenizer = tokenizer or tok
-        elif tokenizer is None:
-            raise ValueError("HFBackend: pass tokenizer= together with a model module")
-        self.model = model
-        self.tokenizer = tokenizer
+        self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFBackendConfig,
+                                                                   what="backend 'hf'")
+        model, tokenizer = self.model, self.tokenizer
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
         self.pad_id = int(pad)
