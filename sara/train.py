@@ -319,7 +319,7 @@ class Trainer:
         greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, stop=sampling.stop)
         self.greedy_env = TaskEnv(self.task, self.backend, greedy, split="eval", scorer=self.scorer)
         self.allocator = make_allocator(cfg.allocator, k=cfg.k)
-        self.sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed)
+        self.sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
         self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
                                            lr=cfg.optim.lr, betas=cfg.optim.betas,
                                            weight_decay=cfg.optim.weight_decay)

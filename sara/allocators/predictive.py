@@ -4,8 +4,8 @@ Each prompt keeps a discounted Beta posterior of its success rate (``HistoryPrio
 step toward an empirical-Bayes population prior). When the allocator wants ``m`` prompts, the sampler draws a candidate
 pool of ``m * candidate_ratio`` prompts (uniformly, without the ones already drawn this step), Thompson-samples a
 success rate ``p~`` for each from its posterior, and takes the ``m`` candidates with the largest
-``P(mixed group of k | p~) = 1 - p~^k - (1 - p~)^k``. A fraction ``explore`` of each draw is taken uniformly from the
-candidates instead. Thompson sampling plus decay keeps every prompt revisitable: an all-fail prompt's posterior widens
+``P(mixed group of k | p~) = 1 - p~^k - (1 - p~)^k``. A fraction ``explore`` of each draw is taken from the
+least-visited candidates instead (a round robin over the pool, so nothing starves). Thompson sampling plus decay keeps every prompt revisitable: an all-fail prompt's posterior widens
 again as its evidence ages, so it is retried after a while (that is what makes drift visible).
 
 It composes with any allocator ("SARA + DPS"): the sampler decides *which* prompts enter, the allocator decides how
@@ -41,7 +41,8 @@ class PredictiveSamplerConfig(SaraModel):
     """'thompson': score a Thompson draw of each candidate's success rate; 'mean': score the posterior-predictive
     probability of a mixed group (greedier; exploration then comes from ``explore`` and decay only)."""
     explore: float = Field(0.05, ge=0.0, le=1.0)
-    """Fraction of each draw taken uniformly from the candidates (on top of Thompson sampling)."""
+    """Fraction of each draw given to the least-visited candidates (on top of Thompson sampling): keeps discovering
+    prompts that became useful, and bounds starvation."""
     max_evidence: float = Field(64.0, gt=0.0)
     """Cap on a prompt's decayed pseudo-count, so confident prompts can still be revisited after drift."""
 
@@ -56,6 +57,7 @@ class PredictiveSampler(PromptSampler):
     """
 
     name = "predictive"
+    takes_k = True
 
     def __init__(self, pool_size: int, *, seed: int = 0, **options: Any) -> None:
         super().__init__(pool_size, seed=seed)
@@ -85,11 +87,12 @@ class PredictiveSampler(PromptSampler):
         c = min(len(free), max(m, int(np.ceil(m * self.config.candidate_ratio))))
         cand = rng.choice(free, size=c, replace=False)
         n_explore = int(rng.binomial(m, self.config.explore)) if self.config.explore > 0 else 0
-        score = self.scores(cand, rng)
-        order = np.argsort(-score, kind="stable")
-        greedy = cand[order[: m - n_explore]]
-        rest = cand[order[m - n_explore:]]
-        explore = rng.choice(rest, size=n_explore, replace=False) if n_explore else np.zeros(0, np.int64)
+        # Exploration first: the least-visited candidates (random tie-break), so every prompt is revisited in turn.
+        by_visits = np.lexsort((rng.random(len(cand)), self.visits[cand]))
+        explore = cand[by_visits[:n_explore]]
+        rest = cand[by_visits[n_explore:]]
+        score = self.scores(rest, rng)
+        greedy = rest[np.argsort(-score, kind="stable")[: m - n_explore]]
         out = np.concatenate([greedy, explore]).astype(np.int64)
         self._taken[out] = True
         np.add.at(self.visits, out, 1)

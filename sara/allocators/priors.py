@@ -225,7 +225,8 @@ class HistoryPrior(Prior):
         self.step = int(state["step"])
 
 
-def make_prior(kind: str, *, alpha0: float = 1.0, beta0: float = 1.0, decay: float = 0.7) -> Prior:
+def make_prior(kind: str, *, alpha0: float = 1.0, beta0: float = 1.0, decay: float = 0.7,
+               max_evidence: float = 64.0) -> Prior:
     """``"constant"`` -> ``ConstantPrior``; ``"empirical"`` -> ``EmpiricalBayesPrior``; ``"history"`` ->
     ``HistoryPrior`` over an empirical-Bayes base. ``alpha0``/``beta0`` are the constant prior or the starting point."""
     if kind == "constant":
@@ -233,7 +234,7 @@ def make_prior(kind: str, *, alpha0: float = 1.0, beta0: float = 1.0, decay: flo
     if kind == "empirical":
         return EmpiricalBayesPrior(alpha0, beta0)
     if kind == "history":
-        return HistoryPrior(decay, EmpiricalBayesPrior(alpha0, beta0))
+        return HistoryPrior(decay, EmpiricalBayesPrior(alpha0, beta0), max_evidence=max_evidence)
     raise ValueError(f"unknown prior {kind!r}; known: {', '.join(PRIOR_KINDS)}")
 
 

@@ -23,6 +23,7 @@ class PromptSampler(ABC):
     """Draws prompt indices from a pool of ``pool_size`` prompts; deterministic given its seed and state."""
 
     name = "base"
+    takes_k: bool = False  # True: make_sampler passes the allocator's group size as option ``k``
 
     def __init__(self, pool_size: int, *, seed: int = 0) -> None:
         if pool_size < 1:
@@ -104,11 +105,16 @@ SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler")
 SAMPLERS.register("uniform", UniformSampler)
 
 
-def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0) -> PromptSampler:
-    """Build a sampler from ``"name"`` / ``"name:key=value,..."`` for a pool of ``pool_size`` prompts."""
+def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k: int | None = None) -> PromptSampler:
+    """Build a sampler from ``"name"`` / ``"name:key=value,..."`` for a pool of ``pool_size`` prompts.
+
+    ``k`` (the allocator's group size) is passed to samplers that score groups (``takes_k``) unless the spec sets it.
+    """
     if isinstance(spec, PromptSampler):
         return spec
     cls, options = SAMPLERS.from_spec(spec)
+    if k is not None and getattr(cls, "takes_k", False) and "k" not in options:
+        options = {**options, "k": int(k)}
     try:
         return cls(pool_size, seed=seed, **options)
     except TypeError as exc:

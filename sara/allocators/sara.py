@@ -28,6 +28,9 @@ class SARAConfig(SequentialConfig):
     by ``decay`` per step, over an empirical-Bayes base). See ``sara.allocators.priors``."""
     decay: float = Field(0.7, gt=0.0, le=1.0)
     """History prior only: weight of evidence per step of age (lambda in MoPPS; 1 = never forget)."""
+    max_evidence: float = Field(64.0, gt=0.0)
+    """History prior only: cap on a prompt's decayed pseudo-count, so stale evidence cannot outweigh what the running
+    step sees when the policy has moved (lower under fast drift)."""
 
     @model_validator(mode="after")
     def _check_taus(self) -> SARAConfig:
@@ -50,7 +53,7 @@ class SARAAllocator(SequentialAllocator):
             from sara.allocators.priors import make_prior
 
             c = self.config
-            self.prior = make_prior(c.prior, alpha0=c.alpha0, beta0=c.beta0, decay=c.decay)
+            self.prior = make_prior(c.prior, alpha0=c.alpha0, beta0=c.beta0, decay=c.decay, max_evidence=c.max_evidence)
 
     def decide(self, units: UnitView) -> np.ndarray:
         abandon = units.p_eff < self.config.tau_low

@@ -1,82 +1,152 @@
-"""Tree rollouts: groups whose rollouts share partial traces, and the ``sara_tree`` allocator.
+"""Tree rollouts: groups whose rollouts share partial traces, and the ``sara_tree`` allocator (per-node decisions).
 
-**What a group is.** A tree is grown per prompt: the prompt branches into up to ``branches`` partial traces (the
-first segment of a solution), and each branch is continued by leaves (full rollouts that share that segment). The
-group handed to the algorithms is *all leaves of one prompt's tree*: the same prompt, any size >= 1, keyed by the
-unit id like every other group, so GRPO / RLOO / Dr.GRPO baselines are the tree's leaf mean. A tree-aware
-environment puts each leaf's branch into ``Rollout.metadata["branch"]`` for algorithms that want per-subtree
-baselines; nothing else changes for them.
+**What a group is.** A tree is grown per prompt: the prompt branches into up to ``branches`` partial traces (branch
+nodes: the first segment of a solution), and each branch node is continued by leaves (full rollouts that share that
+segment). The group handed to the algorithms is *all leaves of one prompt's tree*: the same prompt, any size >= 1,
+keyed by the unit id like every other group, so GRPO / RLOO / Dr.GRPO baselines are the tree's leaf mean. A
+tree-aware environment puts each leaf's branch into ``Rollout.metadata["branch"]`` for algorithms that want
+per-subtree baselines; nothing else changes for them.
 
-**Allocation.** The allocation unit is a prompt's tree; its nodes are bookkept by rollout index: leaf ``j`` of a tree
-hangs off branch ``j mod branches``. So probing opens a new branch with each rollout (breadth first: under
-within-branch correlation a fresh partial trace is the most informative next sample) and a committed tree is filled
-round-robin across its branches (deepening the subtrees, which costs only suffix tokens). After each round the rule
-is SARA's: COMMIT a mixed tree, ABANDON when p_eff < tau_low, else CONTINUE (= keep branching). p_eff accounts for
-the correlation ``rho`` of leaves within a branch by the design effect: ``m`` leaves of one branch carry
-``m / (1 + (m - 1) rho)`` independent rollouts' worth of evidence, both for the observed prefix and for the completed
-tree, in the Beta-Binomial closed form (with non-integer counts). With ``rho = 0`` it is exactly ``sara``.
+**Allocation: decisions per node.** The unit table holds one row per tree (its leaves' sufficient statistics, so
+SARA's tree-level rule and every prior work unchanged) and the allocator keeps per-node state beside it: leaves and
+successes under each branch node. Each round:
+
+* tree level (SARA's rule): COMMIT a mixed tree, ABANDON when p_eff < tau_low, else CONTINUE;
+* node level, for a tree that continues: every new leaf goes to the node that buys the most evidence per token: a
+  *new branch* (a whole rollout's tokens, one independent leaf's worth of evidence) or *deepening* the shallowest
+  branch node (only the suffix, ``1 - shared_fraction`` of the tokens, but under within-branch correlation ``rho`` its
+  ``m+1``-th leaf adds only ``(m+1)/(1+m rho) - m/(1+(m-1) rho)`` independent leaves' worth). So a subtree keeps
+  growing while it is cheap information and stops once its leaves mostly echo each other: weakly correlated leaves
+  give deep, narrow trees, strongly correlated ones breadth first. ``nodes=round_robin`` is the fixed schedule (leaf
+  j under branch j mod branches) for comparison;
+* a committed tree is filled to k leaves level by level over ``branches`` branch nodes (the shape the algorithms
+  expect: every branch gets k/branches leaves when possible).
+
+p_eff accounts for the correlation by the design effect: ``m`` leaves of one branch carry ``m / (1 + (m - 1) rho)``
+independent rollouts' worth of evidence, for the observed prefix (actual leaves per node) and for the completed tree
+(the fill's final shape), in the Beta-Binomial closed form with non-integer counts. With ``rho = 0`` it is exactly
+``sara``.
 
 **Simulator.** ``TreeSimulatedEnv``: a prompt of success rate ``p`` gives branch ``c`` of a tree its own rate
 ``q_c ~ Beta(kappa p, kappa (1 - p))`` (within-branch correlation ``1 / (kappa + 1)``); leaves are Bernoulli(q_c).
-A branch's shared segment (``prefix_fraction`` of a rollout's tokens) is generated once, counted on its first leaf.
-Tree identity reaches the simulator through the request prefix: with ``node_prefix=true`` the allocator sends a
-node handle ``<tree:STEP.UNIT:J0:B>`` instead of text; requests without a handle are independent rollouts (flat
-sampling, the baseline). Real text backends need a tree-aware environment that turns handles into the text of
-partial traces; that environment is not part of this module (send no handles to text tasks: the default).
+A branch's shared segment (``prefix_fraction`` of a rollout's tokens) is generated once, with the leaf that opens
+the branch. Tree identity and node choices reach the environment through the request prefix: with
+``node_prefix=true`` the allocator sends a node handle ``<tree:STEP.UNIT:B:+0,0,+1>`` (the branch node of each leaf
+of the request, ``+`` = this leaf opens the branch) instead of text; requests without a handle are independent
+rollouts (flat sampling, the baseline). Text backends: ``TreeTaskEnv`` (``sara.envs.tree``) turns handles into
+partial traces (the opening leaf's first segment becomes the branch prefix; deepening leaves continue it).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import Field
 from scipy.special import betaincinv
 
-from sara.allocators.base import EffectivenessModel, UnitTable
+from sara.allocators.base import EffectivenessModel, UnitStatus, UnitTable
 from sara.allocators.posteriors import log_p_all_fail, log_p_all_succeed
 from sara.allocators.sara import SARAAllocator, SARAConfig
 from sara.seeding import derive_seeds, uniform_from_seeds
 from sara.types import Rollout, RolloutRequest
 
 __all__ = ["TreeConfig", "TreeEffectiveness", "TreeSARAAllocator", "TreeSimulatedEnv", "branch_of",
-           "effective_size", "tree_vs_flat"]
+           "effective_size", "effective_size_of", "format_handle", "parse_handle", "tree_vs_flat", "water_fill"]
 
-_HANDLE = re.compile(r"^<tree:(\d+)\.(\d+):(\d+):(\d+)>$")
+_HANDLE = re.compile(r"^<tree:(\d+)\.(\d+):(\d+):(\+?\d+(?:,\+?\d+)*)>$")
+
+
+def format_handle(step: int, unit: int, branches: int, leaves: Sequence[int], opens: Sequence[bool]) -> str:
+    """Node handle of one request: the branch node of each leaf, ``+`` where the leaf opens its branch."""
+    body = ",".join(("+" if o else "") + str(int(c)) for c, o in zip(leaves, opens))
+    return f"<tree:{int(step)}.{int(unit)}:{int(branches)}:{body}>"
+
+
+def parse_handle(prefix: str) -> tuple[int, int, int, list[int], list[bool]] | None:
+    """``(step, unit, branches, leaf branches, opens)`` of a node handle, or None for anything else."""
+    m = _HANDLE.match(prefix) if prefix else None
+    if m is None:
+        return None
+    items = m.group(4).split(",")
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), [int(x.lstrip("+")) for x in items],
+            [x.startswith("+") for x in items])
 
 
 def branch_of(j: ArrayLike, branches: int) -> np.ndarray:
-    """Branch of leaf ``j`` in a tree of ``branches`` branches (breadth first, then round-robin)."""
+    """Branch of leaf ``j`` under the round-robin schedule (breadth first, then level by level)."""
     return np.asarray(j, np.int64) % branches
 
 
 def effective_size(n: ArrayLike, branches: int, rho: float) -> np.ndarray:
-    """Design-effect size of the first ``n`` leaves of a tree: sum over branches of ``m_c / (1 + (m_c - 1) rho)``."""
+    """Design-effect size of the first ``n`` leaves of a round-robin tree (see ``effective_size_of``)."""
     n = np.asarray(n, np.float64)[..., None]
     c = np.arange(branches)
-    m = np.floor(n / branches) + (c < np.mod(n, branches))  # leaves per branch
+    return effective_size_of(np.floor(n / branches) + (c < np.mod(n, branches)), rho)
+
+
+def effective_size_of(leaves: ArrayLike, rho: float) -> np.ndarray:
+    """Design-effect size of a tree with ``leaves[..., c]`` leaves under branch c: sum of ``m / (1 + (m - 1) rho)``."""
+    m = np.asarray(leaves, np.float64)
     return np.sum(np.where(m > 0, m / (1.0 + np.maximum(m - 1.0, 0.0) * rho), 0.0), axis=-1)
 
 
+def water_fill(leaves: ArrayLike, extra: ArrayLike) -> np.ndarray:
+    """Leaves per branch after adding ``extra[u]`` leaves to tree u level by level (fewest-leaves branch first).
+
+    Vectorized closed form over trees: the final shape is ``max(m_c, L)`` for the highest level L the extra leaves
+    reach, plus one more leaf on some branches at level L for the remainder. Branch order within a tree is not kept
+    (only the multiset of counts, which is all the design effect needs). Shapes: ``[U, B]``, ``[U]`` -> ``[U, B]``.
+    """
+    m = np.sort(np.asarray(leaves, np.float64), axis=-1)
+    r = np.asarray(extra, np.float64)[..., None]
+    i = np.arange(1, m.shape[-1] + 1, dtype=np.float64)
+    level = np.floor((r + np.cumsum(m, axis=-1)) / i)  # level if the i lowest branches were raised together
+    nxt = np.concatenate([m[..., 1:], np.full(m.shape[:-1] + (1,), np.inf)], axis=-1)
+    ok = (level >= m) & ((level < nxt) | np.isinf(nxt))
+    idx = m.shape[-1] - 1 - np.argmax(ok[..., ::-1], axis=-1)  # the valid band (exactly one exists)
+    lev = np.take_along_axis(level, idx[..., None], axis=-1)
+    out = np.maximum(m, lev)
+    left = (r[..., 0] - np.sum(out - m, axis=-1)).astype(np.int64)  # < number of branches at the level
+    bump = (np.cumsum(out == lev, axis=-1) <= left[..., None]) & (out == lev)
+    return out + bump
+
+
 class TreeEffectiveness(EffectivenessModel):
-    """Binary leaves, Beta prior per tree, design-effect correction for within-branch correlation ``rho``."""
+    """Binary leaves, Beta prior per tree, design-effect correction for within-branch correlation ``rho``.
+
+    ``leaves`` (set by the allocator) holds the actual leaves per branch node of every unit ``[M, branches]``; without
+    it the round-robin shape is assumed. The completed tree is the observed one water-filled to k leaves.
+    """
 
     def __init__(self, branches: int, rho: float) -> None:
         self.branches, self.rho = int(branches), float(rho)
+        self.leaves: np.ndarray | None = None
 
     def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
         return (table.rmax[idx] - table.rmin[idx]) > eps
+
+    def shapes(self, table: UnitTable, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Leaves per branch now and after the fill to k, ``[len(idx), branches]`` each."""
+        n = table.n[idx].astype(np.float64)
+        if self.leaves is not None and len(self.leaves) >= len(table):
+            now = self.leaves[idx].astype(np.float64)
+        else:
+            c = np.arange(self.branches)
+            now = np.floor(n[:, None] / self.branches) + (c < np.mod(n[:, None], self.branches))
+        return now, water_fill(now, np.maximum(k - n, 0.0))
 
     def p_effective(self, table: UnitTable, idx: np.ndarray, k: int) -> np.ndarray:
         a = table.prior.get("alpha0", np.ones(len(table)))[idx]
         b = table.prior.get("beta0", np.ones(len(table)))[idx]
         n = table.n[idx].astype(np.float64)
         s = np.rint(table.rsum[idx])
-        n_eff = effective_size(n, self.branches, self.rho)
-        k_eff = effective_size(np.full(len(idx), float(k)), self.branches, self.rho)
+        now, final = self.shapes(table, idx, k)
+        n_eff = effective_size_of(now, self.rho)
+        k_eff = np.maximum(effective_size_of(final, self.rho), n_eff)
         s_eff = np.where(n > 0, s * n_eff / np.maximum(n, 1.0), 0.0)
         # Unmixed prefixes only reach here: s == 0 (all fail) or s == n (all succeed), both possible when n == 0.
         lf = log_p_all_fail(n_eff, np.where(s == 0, 0.0, 1.0), k_eff, a, b)
@@ -85,19 +155,32 @@ class TreeEffectiveness(EffectivenessModel):
 
 
 class TreeConfig(SARAConfig):
-    """SARA's options plus the tree shape."""
+    """SARA's options plus the tree shape and the node policy."""
 
-    branches: int = Field(4, ge=1)
-    """Partial traces (branches) per prompt; leaf j hangs off branch j mod branches. 1 = a single shared prefix."""
+    branches: int = Field(4, ge=1, le=64)
+    """Branch nodes (partial traces) per prompt at most; a filled tree spreads its k leaves over this many."""
     rho: float = Field(0.3, ge=0.0, lt=1.0)
-    """Assumed correlation of two leaves' outcomes within a branch (design effect in p_eff). 0 = independent."""
+    """Assumed correlation of two leaves' outcomes under one branch node (design effect in p_eff; sets how fast a
+    subtree's information runs out). 0 = independent leaves."""
+    shared_fraction: float = Field(0.5, ge=0.0, lt=1.0)
+    """Assumed share of a leaf's tokens in its branch's shared segment: deepening a branch costs ``1 - this`` of a
+    new branch. 0 = token cost is not a concern (new branches first, the most informative per rollout)."""
+    nodes: Literal["adaptive", "round_robin"] = "adaptive"
+    """'adaptive': each probing leaf goes to the node (new branch or an existing branch) with the best chance of
+    breaking the tree's pattern per token; 'round_robin': the fixed schedule leaf j -> branch j mod branches."""
     node_prefix: bool = False
-    """Send node handles '<tree:STEP.UNIT:J0:B>' as request prefixes (for TreeSimulatedEnv / tree-aware envs only;
-    never for text tasks, which would append the handle to the prompt)."""
+    """Send node handles '<tree:STEP.UNIT:B:+0,0,...>' as request prefixes (for TreeSimulatedEnv / TreeTaskEnv only;
+    never for plain text tasks, which would append the handle to the prompt)."""
 
 
 class TreeSARAAllocator(SARAAllocator):
-    """``sara_tree``: a prompt's tree is the unit; SARA's rule on a correlation-aware p_eff (see module docstring)."""
+    """``sara_tree``: SARA's rule per tree on a correlation-aware p_eff, and a per-node choice of where each new leaf
+    grows (see the module docstring).
+
+    Per-step node state: ``leaves[u, c]`` and ``wins[u, c]`` (leaves and successes under branch node c of tree u),
+    ``opened[u]`` (branch nodes opened). ``plan`` decides the node of every leaf it schedules; ``prefix`` sends those
+    choices to a tree-aware environment; ``observe`` credits rewards to the nodes in plan order.
+    """
 
     name = "sara_tree"
     Config = TreeConfig
@@ -105,18 +188,119 @@ class TreeSARAAllocator(SARAAllocator):
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.model = TreeEffectiveness(self.config.branches, self.config.rho)
+        self._reset_nodes()
+
+    def _reset_nodes(self) -> None:
+        b = self.config.branches
+        self.model = TreeEffectiveness(b, self.config.rho)
+        self.leaves = np.zeros((0, b), np.int64)
+        self.wins = np.zeros((0, b), np.float64)
+        self.opened = np.zeros(0, np.int64)
+        self._planned: dict[int, tuple[list[int], list[bool]]] = {}
+        self.model.leaves = self.leaves
 
     def load_state_dict(self, state: Any) -> None:
         super().load_state_dict(state)
-        self.model = TreeEffectiveness(self.config.branches, self.config.rho)
+        self._reset_nodes()
+
+    def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
+        super().begin_step(target_groups, step, max_rollouts)
+        self._reset_nodes()
+
+    def admit(self, pool_index: np.ndarray) -> np.ndarray:
+        ids = super().admit(pool_index)
+        m, b = len(ids), self.config.branches
+        self.leaves = np.concatenate([self.leaves, np.zeros((m, b), np.int64)])
+        self.wins = np.concatenate([self.wins, np.zeros((m, b))])
+        self.opened = np.concatenate([self.opened, np.zeros(m, np.int64)])
+        self.model.leaves = self.leaves
+        return ids
+
+    # ---- node policy ---------------------------------------------------------------------------------------------
+    def _place(self, ids: np.ndarray, counts: np.ndarray) -> None:
+        """Choose the branch node of every planned leaf (vectorized over trees, one pass per leaf position).
+
+        Probing (the tree is undecided): a leaf under a branch node that already has ``m`` leaves adds
+        ``(m+1)/(1+m rho) - m/(1+(m-1) rho)`` independent leaves' worth of evidence (the design effect) for
+        ``1 - shared_fraction`` of a rollout's tokens; a leaf on a new branch adds 1 for a whole rollout. The shallowest
+        branch keeps growing while its evidence per token beats a new branch's, else a new branch opens (while fewer
+        than ``branches`` are open). Filling (committed): level by level over all ``branches`` nodes.
+        """
+        c, b = self.config, self.config.branches
+        m = self.leaves[ids].copy()
+        opened = self.opened[ids].copy()
+        filling = self.units.status[ids] == UnitStatus.FILLING
+        width = int(counts.max(initial=0))
+        nodes = np.full((len(ids), width), -1, np.int64)
+        opens = np.zeros((len(ids), width), bool)
+        rows = np.arange(len(ids))
+        for r in range(width):
+            act = counts > r
+            if c.nodes == "round_robin":
+                node = (self.units.n[ids] + r) % b
+            else:
+                # Filling: level by level over all branch nodes; unopened ones have 0 leaves, so they open first.
+                fill_node = np.argmin(m, axis=1)
+                level = np.where(np.arange(b) < opened[:, None], m, np.iinfo(np.int64).max)
+                shallow = np.argmin(level, axis=1)
+                m_min = level[rows, shallow].astype(np.float64)
+                gain = (m_min + 1) / (1 + m_min * c.rho) - m_min / (1 + np.maximum(m_min - 1, 0) * c.rho)
+                worth = gain > 1.0 - c.shared_fraction
+                deepen = (opened > 0) & (worth | (opened >= b))
+                probe_node = np.where(deepen, shallow, opened)
+                node = np.where(filling, fill_node, probe_node)
+            new = act & (node >= opened)
+            node = np.where(act, node, -1)
+            nodes[:, r], opens[:, r] = node, new
+            m[rows[act], node[act]] += 1
+            opened += new
+        for i, u_id in enumerate(ids.tolist()):
+            k_ = int(counts[i])
+            self._planned[u_id] = (nodes[i, :k_].tolist(), opens[i, :k_].tolist())
+
+    def plan(self) -> tuple[np.ndarray, np.ndarray]:
+        ids, counts = super().plan()
+        self._planned = {}
+        self._place(ids, counts)
+        return ids, counts
 
     def prefix(self, unit_ids: np.ndarray) -> list[str]:
         if not self.config.node_prefix:
             return [""] * len(unit_ids)
-        n = self.units.n[np.asarray(unit_ids, np.int64)]
-        b = self.config.branches
-        return [f"<tree:{self.step}.{u}:{j0}:{b}>" for u, j0 in zip(np.asarray(unit_ids).tolist(), n.tolist())]
+        out = []
+        for u in np.asarray(unit_ids).tolist():
+            leaves, opens = self._planned[u]
+            out.append(format_handle(self.step, u, self.config.branches, leaves, opens))
+        return out
+
+    def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        unit_ids = np.asarray(unit_ids, np.int64)
+        rewards = np.asarray(rewards, np.float64)
+        # Credit leaves to nodes in plan order (collect may deliver fewer than planned: a budget cut).
+        pos = _rank_within(unit_ids)
+        for u in np.unique(unit_ids).tolist():
+            sel = unit_ids == u
+            leaves, opens = self._planned.get(u, ([], []))
+            take = pos[sel]
+            node = np.asarray(leaves, np.int64)[take] if len(leaves) else (self.units.n[u] + take) % self.config.branches
+            np.add.at(self.leaves[u], node, 1)
+            np.add.at(self.wins[u], node, rewards[sel])
+            self.opened[u] = max(int(self.opened[u]), int(node.max()) + 1)
+        return super().observe(unit_ids, rewards)
+
+    def node_shape(self, unit_id: int) -> list[int]:
+        """Leaves under each opened branch node of a tree (for inspection and tests)."""
+        return self.leaves[unit_id, : self.opened[unit_id]].tolist()
+
+
+def _rank_within(ids: np.ndarray) -> np.ndarray:
+    """Position of each entry among the equal ids before it (0, 1, 2, ... per id, in order)."""
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    first = np.searchsorted(sorted_ids, sorted_ids, side="left")
+    rank = np.empty(len(ids), np.int64)
+    rank[order] = np.arange(len(ids)) - first
+    return rank
 
 
 class TreeSimulatedEnv:
@@ -141,39 +325,55 @@ class TreeSimulatedEnv:
         self.rates = self.flat.rates
         self.prompts = self.flat.prompts
         self.kappa, self.prefix_fraction, self.seed = float(kappa), float(prefix_fraction), int(seed)
-        self._trees: dict[int, tuple[int, int, int]] = {}  # seed of leaf 0 -> (step, unit, branches)
+        self._trees: dict[int, tuple[int, int]] = {}  # seed of a tree's first leaf -> (tree key, branches)
+        self._nodes: dict[int, list[int]] = {}  # tree key -> branch node of each leaf so far
+        self._step = -1
 
-    def _leaf_rewards(self, pool: np.ndarray, seeds: np.ndarray, tree: np.ndarray, j: np.ndarray,
-                      branches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rewards and branch ids of leaves (``tree`` = -1 marks an independent rollout)."""
-        c = np.where(tree >= 0, j % np.maximum(branches, 1), -1)
+    def _leaf_rewards(self, pool: np.ndarray, seeds: np.ndarray, tree: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Rewards of leaves under branch ``c`` of ``tree`` (``tree`` = -1 marks an independent rollout)."""
         p = np.clip(self.rates[pool], 1e-9, 1 - 1e-9)
         ub = uniform_from_seeds(derive_seeds(self.seed, pool, tree, c), stream=5)
         q = np.where(tree >= 0, betaincinv(self.kappa * p, self.kappa * (1 - p), ub), self.rates[pool])
-        return (uniform_from_seeds(seeds, stream=1) < q).astype(np.float64), c
+        return (uniform_from_seeds(seeds, stream=1) < q).astype(np.float64)
 
     def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
         if not requests:
             return []
+        tree_l: list[int] = []
+        node_l: list[int] = []
+        open_l: list[bool] = []
+        for r in requests:
+            h = parse_handle(r.prefix)
+            if h is None:
+                tree_l += [-1] * r.n
+                node_l += [-1] * r.n
+                open_l += [False] * r.n
+                continue
+            step, unit, branches, nodes, opens = h
+            if len(nodes) < r.n:
+                raise ValueError(f"tree handle {r.prefix!r} names {len(nodes)} leaves for a request of {r.n}")
+            key = step * 1_000_003 + unit
+            if step > self._step:  # keep the node records of the running and the previous step only
+                self._step = step
+                self._nodes = {t: v for t, v in self._nodes.items() if t // 1_000_003 >= step - 1}
+                self._trees = {s0: v for s0, v in self._trees.items() if v[0] in self._nodes}
+            seen = self._nodes.setdefault(key, [])
+            if not seen:
+                self._trees[int(r.seeds[0])] = (key, branches)
+            seen.extend(nodes[: r.n])
+            tree_l += [key] * r.n
+            node_l += nodes[: r.n]
+            open_l += opens[: r.n]
         counts = np.fromiter((r.n for r in requests), np.int64, count=len(requests))
-        meta = np.full((len(requests), 4), -1, np.int64)  # step, unit, j0, branches
-        for i, r in enumerate(requests):
-            m = _HANDLE.match(r.prefix) if r.prefix else None
-            if m:
-                meta[i] = [int(x) for x in m.groups()]
-                if meta[i, 2] == 0:
-                    self._trees[int(r.seeds[0])] = (int(meta[i, 0]), int(meta[i, 1]), int(meta[i, 3]))
-        rep = np.repeat(np.arange(len(requests)), counts)
         pool = np.repeat(np.fromiter((r.pool_index for r in requests), np.int64, count=len(requests)), counts)
         seeds = np.fromiter((s for r in requests for s in r.seeds), np.uint64, count=int(counts.sum()))
-        j = meta[rep, 2] + (np.arange(len(rep)) - np.repeat(np.cumsum(counts) - counts, counts))
-        tree = np.where(meta[rep, 1] >= 0, meta[rep, 0] * 1_000_003 + meta[rep, 1], -1)
-        rewards, c = self._leaf_rewards(pool, seeds, tree, j, meta[rep, 3])
+        tree, c, opened = np.asarray(tree_l, np.int64), np.asarray(node_l, np.int64), np.asarray(open_l, bool)
+        rewards = self._leaf_rewards(pool, seeds, tree, c)
         full = self.flat.num_tokens(rewards, seeds).astype(np.float64)
-        # Shared segment of the branch: generated once, with its first leaf (j < branches).
+        # Shared segment of the branch: generated once, with the leaf that opens the branch.
         seg = self.prefix_fraction * self.flat.config.mean_tokens * np.exp(
             0.3 * (uniform_from_seeds(derive_seeds(self.seed, pool, tree, c), stream=6) - 0.5))
-        tokens = np.where(tree >= 0, (1 - self.prefix_fraction) * full + np.where(j < meta[rep, 3], seg, 0.0), full)
+        tokens = np.where(tree >= 0, (1 - self.prefix_fraction) * full + np.where(opened, seg, 0.0), full)
         tokens = np.maximum(np.rint(tokens), 1).astype(np.int64)
         out: list[list[Rollout]] = []
         pos = 0
@@ -186,13 +386,24 @@ class TreeSimulatedEnv:
         return out
 
     def counterfactual_mixed(self, pool_index: np.ndarray, seeds: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-        """For analysis: would each full tree (row of ``seeds [m, k]``) have been effective?"""
+        """For analysis: would each tree (row of ``seeds [m, k]``), grown to k leaves, have been effective? Its
+        realized leaves keep their branch nodes; the missing ones are added level by level (the allocator's fill)."""
         m, k = seeds.shape
-        keys = np.array([self._trees.get(int(s), (-1, -1, 0)) for s in seeds[:, 0].tolist()], np.int64).reshape(m, 3)
-        tree = np.where(keys[:, 1] >= 0, keys[:, 0] * 1_000_003 + keys[:, 1], -1)
+        tree = np.full((m, k), -1, np.int64)
+        node = np.full((m, k), -1, np.int64)
+        for i, s0 in enumerate(seeds[:, 0].tolist()):
+            if int(s0) not in self._trees:
+                continue
+            key, branches = self._trees[int(s0)]
+            nodes = list(self._nodes[key][:k])
+            per = np.bincount(np.asarray(nodes, np.int64), minlength=branches)[:branches].astype(np.int64)
+            while len(nodes) < k:
+                c = int(np.argmin(per))
+                per[c] += 1
+                nodes.append(c)
+            tree[i], node[i] = key, nodes
         pool = np.repeat(np.asarray(pool_index, np.int64), k)
-        j = np.tile(np.arange(k), m)
-        r, _ = self._leaf_rewards(pool, seeds.reshape(-1), np.repeat(tree, k), j, np.repeat(keys[:, 2], k))
+        r = self._leaf_rewards(pool, seeds.reshape(-1), tree.reshape(-1), node.reshape(-1))
         return r.reshape(m, k).std(axis=1) > eps
 
 

@@ -10,6 +10,11 @@ an effective group improve fastest). A spec may carry its own sampler as ``spec@
 ``sara:prior=history@predictive``); others use ``sampler``, except the reference, which samples uniformly (the
 paper's DS baseline) unless written with ``@``. Starvation is reported beside every row: the fraction of the pool never
 drawn, and never revisited (drawn at most once).
+
+``spec@oracle`` is not a method but the floor: ``OracleSampler`` reads the simulator's true (drifting) success rates and
+hands out the prompts most likely to give a mixed group. With complete groups nothing can spend fewer than k rollouts
+per effective group, so on a pool where DS finds a fraction P of groups mixed no method goes below ``P x`` DS; the
+oracle row shows how close to that a sampler with perfect knowledge gets under the same drift.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from typing import Any
 import numpy as np
 
 from sara.allocators import make_allocator, make_sampler
+from sara.allocators.samplers import PromptSampler
 from sara.collect import collect
 from sara.envs.simulated import SimulatedEnv
 from sara.metrics import save_figure
 from sara.types import CollectStats
 
-__all__ = ["AllocationBenchConfig", "AllocatorResult", "run_allocation_bench", "format_table", "plot_results"]
+__all__ = ["AllocationBenchConfig", "AllocatorResult", "OracleSampler", "run_allocation_bench", "format_table",
+           "plot_results"]
 
 
 @dataclass
@@ -80,6 +87,34 @@ def drift_rates(rates: np.ndarray, trained: np.ndarray, drift: float, rng: np.ra
     return 1.0 / (1.0 + np.exp(-logit))
 
 
+class OracleSampler(PromptSampler):
+    """Benchmark reference, not a method: the free prompts with the largest TRUE probability of a mixed group of k.
+
+    Reads ``env.rates`` at every draw (so it follows drift); ties are broken at random (seeded).
+    """
+
+    name = "oracle"
+
+    def __init__(self, env: SimulatedEnv, k: int, *, seed: int = 0) -> None:
+        super().__init__(len(env.prompts), seed=seed)
+        self.env, self.k = env, int(k)
+        self._taken = np.zeros(self.pool_size, bool)
+        self._calls = 0
+
+    def sample(self, m: int) -> np.ndarray:
+        p = np.asarray(self.env.rates, np.float64)
+        score = 1.0 - p**self.k - (1.0 - p) ** self.k
+        free = np.flatnonzero(~self._taken)
+        tie = np.random.default_rng([self.seed, self._calls]).random(len(free))
+        self._calls += 1
+        out = free[np.lexsort((tie, -score[free]))[: max(int(m), 0)]].astype(np.int64)
+        self._taken[out] = True
+        return out
+
+    def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
+        self._taken[:] = False
+
+
 def num_steps(cfg: AllocationBenchConfig) -> int:
     """Steps per seed: ``ceil(epochs * pool_size / target_groups)`` in multi-step mode, else ``steps``."""
     return cfg.steps if cfg.epochs is None else max(1, math.ceil(cfg.epochs * cfg.pool_size / cfg.target_groups))
@@ -90,7 +125,11 @@ def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[Col
     env = SimulatedEnv(cfg.population, size=cfg.pool_size, seed=seed)
     allocator = make_allocator(name, k=cfg.k)
     default = "uniform" if spec == cfg.reference else cfg.sampler
-    sampler = make_sampler(sampler_spec or default, len(env.prompts), seed=seed)
+    sampler_spec = sampler_spec or default
+    if sampler_spec == "oracle":
+        sampler: PromptSampler = OracleSampler(env, cfg.k, seed=seed)
+    else:
+        sampler = make_sampler(sampler_spec, len(env.prompts), seed=seed, k=cfg.k)
     rng = np.random.default_rng([seed, 4242])
     visits = np.zeros(len(env.prompts), np.int64)
     stats = []

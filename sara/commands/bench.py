@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="allocator specs separated by ';' or ',' between specs (name:key=value,key=value)")
     p.add_argument("--sampler", default="uniform",
                    help="prompt sampler spec for every allocator (uniform | predictive[:key=value,...]); a spec may "
-                        "carry its own as SPEC@SAMPLER; the reference DS samples uniformly unless written ds@SAMPLER")
+                        "carry its own as SPEC@SAMPLER; the reference DS samples uniformly unless written ds@SAMPLER; "
+                        "SPEC@oracle is the floor (a sampler that knows the true success rates)")
     p.add_argument("--epochs", type=float, default=None,
                    help="multi-step mode: run ceil(epochs x pool-size / target-groups) steps over the same pool "
                         "(overrides --steps); reports starvation")
