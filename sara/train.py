@@ -280,6 +280,7 @@ class Trainer:
         from sara.envs.task_env import TaskEnv
         from sara.envs.tasks import make_task
         from sara.envs.tasks.scoring import BatchScorer
+        from sara.envs.tree import TreeTaskEnv
         from sara.policies import BACKENDS, POLICIES
 
         cfg = config if isinstance(config, TrainConfig) else validate_config(TrainConfig, dict(config or {}),
@@ -314,11 +315,13 @@ class Trainer:
                                   stop=self.task.stop)
         mode = cfg.scorer if cfg.scorer != "auto" else ("thread" if self.task.thread_safe else "process")
         self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
-        self.env = TaskEnv(self.task, self.backend, sampling, scorer=self.scorer)
+        self.allocator = make_allocator(cfg.allocator, k=cfg.k)
+        # Tree allocators that send node handles need the environment that turns them into partial traces.
+        env_cls = TreeTaskEnv if getattr(self.allocator.config, "node_prefix", False) else TaskEnv
+        self.env = env_cls(self.task, self.backend, sampling, scorer=self.scorer)
         self.eval_env = TaskEnv(self.task, self.backend, sampling, split="eval", scorer=self.scorer)
         greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, stop=sampling.stop)
         self.greedy_env = TaskEnv(self.task, self.backend, greedy, split="eval", scorer=self.scorer)
-        self.allocator = make_allocator(cfg.allocator, k=cfg.k)
         self.sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
         self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
                                            lr=cfg.optim.lr, betas=cfg.optim.betas,
