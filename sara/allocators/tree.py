@@ -409,7 +409,8 @@ class TreeSimulatedEnv:
 
 def tree_vs_flat(population: str = "u-shaped", *, pool_size: int = 20_000, target_groups: int = 512, seeds: int = 3,
                  k: int = 8, kappa: float = 2.0, prefix_fraction: float = 0.5,
-                 specs: Sequence[str] = ("ds", "sara", "sara_tree:node_prefix=true")) -> list[dict[str, Any]]:
+                 specs: Sequence[str] = ("ds", "sara", "sara_tree:node_prefix=true,nodes=round_robin",
+                                         "sara_tree:node_prefix=true")) -> list[dict[str, Any]]:
     """Rollouts and tokens per effective group on ``TreeSimulatedEnv`` (trees for specs that send handles, flat
     independent rollouts for the others), same pools and seeds; ratios relative to the first spec."""
     from sara.allocators import make_allocator
