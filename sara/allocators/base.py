@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from sara.allocators.admission import CommitPaths, record_probe
 from sara.config import SaraModel, validate_config
 from sara.types import Decision
 
@@ -352,10 +353,11 @@ class SequentialConfig(AllocatorConfig):
     """'complete': a committed group is filled up to k rollouts. 'as_is': it is kept at the size it has (variable-size
     groups, always >= 2 when committed because it is mixed)."""
     oversample: float | Literal["auto"] = "auto"
-    """Units probed in parallel = ceil(groups still needed x oversample). 'auto' uses 1 / (estimated fraction of
-    units that get committed), so one round's worth of probes is expected to fill the target and a step takes a few
-    rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds). Units
-    still probing when the target is reached keep being probed to a decision (surplus committed groups are kept)."""
+    """Units probed in parallel = ceil(groups still needed x oversample). 'auto' admits fresh units until the expected
+    commits of all units in flight cover the groups still needed, with P(commit) estimated from the units' probing
+    paths (``sara.allocators.admission``), so the units in flight are expected to fill the target and a step takes a
+    few rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds).
+    Units that mix in the round that reaches the target are kept (surplus committed groups), the rest discarded."""
     alpha0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-successes (1.0 with beta0 = 1.0 is the paper's uniform prior)."""
     beta0: float = Field(1.0, gt=0.0)
@@ -401,7 +403,7 @@ class SequentialAllocator(BudgetAllocator):
                  **overrides: Any) -> None:
         super().__init__(config, **overrides)
         self.prior: Prior = prior if prior is not None else ConstantPrior(self.config.alpha0, self.config.beta0)
-        self._commit_rate = 0.5  # EMA over steps of the fraction of units committed (sizes 'auto' oversampling)
+        self._paths = CommitPaths()  # P(commit) of fresh and in-flight units, sizes oversample='auto'
 
     # The one hook ------------------------------------------------------------------------------------------------
     def decide(self, units: UnitView) -> np.ndarray:
@@ -413,22 +415,27 @@ class SequentialAllocator(BudgetAllocator):
         return self.prior.params(pool_index)
 
     def wants_prompts(self) -> int:
-        st = self.units.status
-        probing = int((st == UnitStatus.PROBING).sum())
+        u = self.units
+        probing = u.status == UnitStatus.PROBING
         factor = self.config.oversample
         if factor == "auto":
-            # Fraction of decided units that were committed, this step and (EMA) earlier ones; Laplace-smoothed.
-            won = self._step_commits + 1.0 + 4.0 * self._commit_rate
-            decided = int((st >= UnitStatus.FILLING).sum()) + 2.0 + 4.0
-            factor = min(1.0 / max(won / decided, 1.0 / 16.0), 16.0)
-        want = max(0, math.ceil(self._needed() * float(factor)) - probing)
+            # Admit enough fresh units that the expected commits of the units in flight and of the fresh ones cover
+            # the groups still needed; P(commit) from the units' probing paths (``sara.allocators.admission``).
+            p_fresh, q = self._paths.estimate(u, probing, self._won())
+            want = max(0, math.ceil((self._needed() - float(q.sum())) / max(p_fresh, 1.0 / 16.0) - 1e-9))
+        else:
+            want = max(0, math.ceil(self._needed() * float(factor)) - int(probing.sum()))
         cap = self._affordable_units()
         return want if cap is None else min(want, cap)
 
-    @property
-    def _step_commits(self) -> int:
+    def commit_fraction(self) -> float:
+        """Estimated probability that a fresh unit ends committed (``sara.allocators.admission``)."""
+        u = self.units
+        return self._paths.estimate(u, u.status == UnitStatus.PROBING, self._won())[0]
+
+    def _won(self) -> np.ndarray:
         st = self.units.status
-        return int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum())
+        return (st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)
 
     def plan(self) -> tuple[np.ndarray, np.ndarray]:
         u, k = self.units, self.k
@@ -457,6 +464,7 @@ class SequentialAllocator(BudgetAllocator):
         u.probes[probing] += 1
         self._counters["decisions"] += len(probing)
         mixed = self.model.is_mixed(u, probing, eps)
+        record_probe(u, probing, mixed)
         commit_now = probing[mixed]
         rest = probing[~mixed]
         full = rest[u.n[rest] >= k]  # saturated complete group: no signal
@@ -485,24 +493,24 @@ class SequentialAllocator(BudgetAllocator):
 
     def end_step(self) -> tuple[np.ndarray, np.ndarray]:
         u = self.units
+        # Learn from the step's paths before the units still probing are closed: they are censored, not failures
+        # (counting them as failures made the estimate, and with it the surplus, feed on itself).
+        self._paths.end_step(u, u.status == UnitStatus.PROBING, self._won())
         # A committed group cut short by the budget is still a valid (smaller) group: commit it as is.
         filling = np.flatnonzero(u.status == UnitStatus.FILLING)
         d_fill = self._close(filling, Decision.COMMIT)
         probing = np.flatnonzero(u.status == UnitStatus.PROBING)
         d_probe = self._close(probing, Decision.DISCARD)
         self.prior.update(u.pool_index, u.n, u.rsum, self.step)
-        if len(u):
-            rate = float((u.status == UnitStatus.COMMITTED).mean())
-            self._commit_rate = 0.5 * self._commit_rate + 0.5 * rate
         return np.concatenate([filling, probing]), np.concatenate([d_fill, d_probe])
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["prior"] = self.prior.state_dict()
-        state["commit_rate"] = self._commit_rate
+        state["commit_paths"] = self._paths.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.prior.load_state_dict(state.get("prior", {}))
-        self._commit_rate = float(state.get("commit_rate", 0.5))
+        self._paths.load_state_dict(state.get("commit_paths", {}))
