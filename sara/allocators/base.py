@@ -357,7 +357,8 @@ class SequentialConfig(AllocatorConfig):
     commits of all units in flight cover the groups still needed, with P(commit) estimated from the units' probing
     paths (``sara.allocators.admission``), so the units in flight are expected to fill the target and a step takes a
     few rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds).
-    Units that mix in the round that reaches the target are kept (surplus committed groups), the rest discarded."""
+    Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups); once the
+    groups committed or being filled cover the target, nothing is probed any more and the rest is discarded."""
     alpha0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-successes (1.0 with beta0 = 1.0 is the paper's uniform prior)."""
     beta0: float = Field(1.0, gt=0.0)
@@ -441,6 +442,10 @@ class SequentialAllocator(BudgetAllocator):
         u, k = self.units, self.k
         filling = np.flatnonzero(u.status == UnitStatus.FILLING)
         probing = np.flatnonzero(u.status == UnitStatus.PROBING)
+        if self._needed() == 0:
+            # The groups being filled complete the target: only fill them. Probing on would commit surplus groups
+            # that the step's end cuts short (partial groups that flatter rollouts per effective group).
+            probing = probing[:0]
         sched = np.asarray(self.config.probe, np.int64)
         want = sched[np.minimum(u.probes[probing], len(sched) - 1)]
         counts = np.concatenate([k - u.n[filling], np.minimum(want, k - u.n[probing])])
