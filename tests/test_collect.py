@@ -122,3 +122,17 @@ def test_token_lengths_failures_longer():
     fail = np.mean([r.num_tokens for r in rs if r.reward == 0])
     ok = np.mean([r.num_tokens for r in rs if r.reward == 1])
     assert fail / ok == pytest.approx(1.5, rel=0.08)
+
+
+@pytest.mark.parametrize("spec", ["sara:tau_low=0.45", "sara:prior=empirical,tau_low=0.12", "sara:probe=2/1",
+                                  "sara:prior=history,tau_low=0.2,tau_high=0.5", "sara_tree", "sara_async"])
+def test_without_a_budget_every_committed_group_is_complete(spec):
+    """Once the committed and filling groups cover the target nothing is probed any more, so the step never ends
+    with mixed units cut short into partial groups (they would flatter rollouts per effective group)."""
+    alloc = make_allocator(spec, k=8)
+    env = SimulatedEnv("u-shaped", size=20_000, seed=3)
+    sampler = UniformSampler(20_000, seed=3)
+    for step in range(3):
+        res = collect(alloc, env, sampler, target_groups=200, seed=3, step=step)
+        assert res.stats.stop_reason == "target_reached"
+        assert {g.size for g in res.groups} == {8}, spec
