@@ -69,7 +69,10 @@ def load_records(path: str | os.PathLike[str], *, what: str) -> list[dict[str, A
             import pyarrow.parquet as pq
         except ImportError:
             raise ConfigError(f"{what}: reading {p.name} needs pyarrow (pip install pyarrow)") from None
-        return pq.read_table(p).to_pylist()
+        try:
+            return pq.read_table(p).to_pylist()
+        except Exception as exc:  # pyarrow.ArrowInvalid & co: not a parquet file, truncated, ...
+            raise ConfigError(f"{what}: {p}: not a readable parquet file ({exc})") from None
     raise ConfigError(f"{what}: unsupported data file {p.name!r}; use .jsonl, .json or .parquet")
 
 
