@@ -41,3 +41,19 @@ def test_quick_matrix_runs_all_cells_at_equal_budget(tmp_path, capsys):
     assert table.count("\n| ") >= 12 + 1 and "effective fraction" in table
     assert (out / "matrix.png").stat().st_size > 0
     assert "reinforce_pp" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_quick_matrix_runs_the_continuous_and_text_tree_allocators(tmp_path):
+    """Issue 5's extension allocators are matrix cells like any other; trees on text (TreeTaskEnv) pay each branch's
+    shared segment once, so at the same rollout budget they generate fewer tokens."""
+    out = tmp_path / "matrix"
+    specs = ["sara_continuous", "sara_tree:node_prefix=true"]
+    assert main(["matrix", "--quick", "--algos", "grpo", "--allocators", ",".join(specs), "--out", str(out)]) == 0
+    by = {r["allocator"]: r for r in json.loads((out / "matrix.json").read_text())}
+    assert set(by) == set(specs)
+    for r in by.values():
+        assert r["acc_after"] > r["acc_before"] + LOOSE_MARGIN, r
+        assert r["effective_groups"] == r["committed_groups"] > 0
+    tree, flat = by["sara_tree:node_prefix=true"], by["sara_continuous"]
+    assert tree["rollouts"] == flat["rollouts"] and tree["tokens"] < 0.95 * flat["tokens"]
