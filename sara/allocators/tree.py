@@ -196,7 +196,9 @@ class TreeSARAAllocator(SARAAllocator):
         self.leaves = np.zeros((0, b), np.int64)
         self.wins = np.zeros((0, b), np.float64)
         self.opened = np.zeros(0, np.int64)
-        self._planned: dict[int, tuple[list[int], list[bool]]] = {}
+        self._plan_ids = np.zeros(0, np.int64)  # units of the last plan (sorted) and each planned leaf's node
+        self._plan_nodes = np.zeros((0, 0), np.int64)
+        self._plan_opens = np.zeros((0, 0), bool)
         self.model.leaves = self.leaves
 
     def load_state_dict(self, state: Any) -> None:
@@ -254,38 +256,38 @@ class TreeSARAAllocator(SARAAllocator):
             nodes[:, r], opens[:, r] = node, new
             m[rows[act], node[act]] += 1
             opened += new
-        for i, u_id in enumerate(ids.tolist()):
-            k_ = int(counts[i])
-            self._planned[u_id] = (nodes[i, :k_].tolist(), opens[i, :k_].tolist())
+        order = np.argsort(ids, kind="stable")
+        self._plan_ids, self._plan_nodes, self._plan_opens = ids[order], nodes[order], opens[order]
 
     def plan(self) -> tuple[np.ndarray, np.ndarray]:
         ids, counts = super().plan()
-        self._planned = {}
         self._place(ids, counts)
         return ids, counts
 
     def prefix(self, unit_ids: np.ndarray) -> list[str]:
         if not self.config.node_prefix:
             return [""] * len(unit_ids)
+        unit_ids = np.asarray(unit_ids, np.int64)
+        rows = np.searchsorted(self._plan_ids, unit_ids)
         out = []
-        for u in np.asarray(unit_ids).tolist():
-            leaves, opens = self._planned[u]
-            out.append(format_handle(self.step, u, self.config.branches, leaves, opens))
+        for u, r in zip(unit_ids.tolist(), rows.tolist()):
+            keep = self._plan_nodes[r] >= 0
+            out.append(format_handle(self.step, u, self.config.branches, self._plan_nodes[r][keep].tolist(),
+                                     self._plan_opens[r][keep].tolist()))
         return out
 
     def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         unit_ids = np.asarray(unit_ids, np.int64)
         rewards = np.asarray(rewards, np.float64)
         # Credit leaves to nodes in plan order (collect may deliver fewer than planned: a budget cut).
-        pos = _rank_within(unit_ids)
-        for u in np.unique(unit_ids).tolist():
-            sel = unit_ids == u
-            leaves, opens = self._planned.get(u, ([], []))
-            take = pos[sel]
-            node = np.asarray(leaves, np.int64)[take] if len(leaves) else (self.units.n[u] + take) % self.config.branches
-            np.add.at(self.leaves[u], node, 1)
-            np.add.at(self.wins[u], node, rewards[sel])
-            self.opened[u] = max(int(self.opened[u]), int(node.max()) + 1)
+        if len(unit_ids):
+            rows = np.minimum(np.searchsorted(self._plan_ids, unit_ids), max(len(self._plan_ids) - 1, 0))
+            if len(self._plan_ids) == 0 or not np.array_equal(self._plan_ids[rows], unit_ids):
+                raise ValueError("sara_tree.observe: rewards for units that were not in the last plan()")
+            node = self._plan_nodes[rows, _rank_within(unit_ids)]
+            np.add.at(self.leaves, (unit_ids, node), 1)
+            np.add.at(self.wins, (unit_ids, node), rewards)
+            np.maximum.at(self.opened, unit_ids, node + 1)
         return super().observe(unit_ids, rewards)
 
     def node_shape(self, unit_id: int) -> list[int]:
