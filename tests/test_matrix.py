@@ -57,3 +57,18 @@ def test_quick_matrix_runs_the_continuous_and_text_tree_allocators(tmp_path):
         assert r["effective_groups"] == r["committed_groups"] > 0
     tree, flat = by["sara_tree:node_prefix=true"], by["sara_continuous"]
     assert tree["rollouts"] == flat["rollouts"] and tree["tokens"] < 0.95 * flat["tokens"]
+
+
+def test_sara_vs_ds_note_uses_the_plain_sara_cell_beside_variants():
+    from sara.commands.matrix import sara_vs_ds
+
+    def cell(alloc, acc, curve):
+        return {"algo": "grpo", "allocator": alloc, "acc_after": acc, "rollouts": 1000,
+                "curve": [{"env/cum_rollouts": r, "eval/acc_sample": a} for r, a in curve]}
+
+    results = [cell("ds", 0.30, [(0, 0.1), (1000, 0.30)]), cell("sara", 0.31, [(0, 0.1), (600, 0.30)]),
+               cell("sara:prior=empirical", 0.2, [(0, 0.1), (1000, 0.2)])]
+    (note,) = sara_vs_ds(results)
+    assert "after 600 rollouts" in note and "did not reach" not in note
+    (note,) = sara_vs_ds(results[:1] + results[2:])  # only a variant: it stands for SARA
+    assert "did not reach" in note

@@ -192,7 +192,11 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
 def sara_vs_ds(results: Sequence[Mapping[str, Any]]) -> list[str]:
     """Per algorithm: rollouts SARA needed to first reach DS's final held-out accuracy, vs what DS spent."""
     notes = []
-    by = {(r["algo"], str(r["allocator"]).split(":")[0]): r for r in results}
+    by: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for r in results:  # the plain spec ("sara", "ds") wins over variants ("sara:prior=empirical"); else the first
+        key = (r["algo"], str(r["allocator"]).split(":")[0])
+        if key not in by or str(r["allocator"]) == key[1]:
+            by[key] = r
     for (algo, alloc), ds in by.items():
         if alloc != "ds" or (algo, "sara") not in by:
             continue
