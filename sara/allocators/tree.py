@@ -177,9 +177,9 @@ class TreeSARAAllocator(SARAAllocator):
     """``sara_tree``: SARA's rule per tree on a correlation-aware p_eff, and a per-node choice of where each new leaf
     grows (see the module docstring).
 
-    Per-step node state: ``leaves[u, c]`` and ``wins[u, c]`` (leaves and successes under branch node c of tree u),
+    Per-step node state: ``leaves[u, c]`` (leaves under branch node c of tree u),
     ``opened[u]`` (branch nodes opened). ``plan`` decides the node of every leaf it schedules; ``prefix`` sends those
-    choices to a tree-aware environment; ``observe`` credits rewards to the nodes in plan order.
+    choices to a tree-aware environment; ``observe`` credits the delivered leaves to their nodes in plan order.
     """
 
     name = "sara_tree"
@@ -194,7 +194,6 @@ class TreeSARAAllocator(SARAAllocator):
         b = self.config.branches
         self.model = TreeEffectiveness(b, self.config.rho)
         self.leaves = np.zeros((0, b), np.int64)
-        self.wins = np.zeros((0, b), np.float64)
         self.opened = np.zeros(0, np.int64)
         self._plan_ids = np.zeros(0, np.int64)  # units of the last plan (sorted) and each planned leaf's node
         self._plan_nodes = np.zeros((0, 0), np.int64)
@@ -213,7 +212,6 @@ class TreeSARAAllocator(SARAAllocator):
         ids = super().admit(pool_index)
         m, b = len(ids), self.config.branches
         self.leaves = np.concatenate([self.leaves, np.zeros((m, b), np.int64)])
-        self.wins = np.concatenate([self.wins, np.zeros((m, b))])
         self.opened = np.concatenate([self.opened, np.zeros(m, np.int64)])
         self.model.leaves = self.leaves
         return ids
@@ -286,7 +284,6 @@ class TreeSARAAllocator(SARAAllocator):
                 raise ValueError("sara_tree.observe: rewards for units that were not in the last plan()")
             node = self._plan_nodes[rows, _rank_within(unit_ids)]
             np.add.at(self.leaves, (unit_ids, node), 1)
-            np.add.at(self.wins, (unit_ids, node), rewards)
             np.maximum.at(self.opened, unit_ids, node + 1)
         return super().observe(unit_ids, rewards)
 
@@ -415,23 +412,8 @@ def tree_vs_flat(population: str = "u-shaped", *, pool_size: int = 20_000, targe
                                          "sara_tree:node_prefix=true")) -> list[dict[str, Any]]:
     """Rollouts and tokens per effective group on ``TreeSimulatedEnv`` (trees for specs that send handles, flat
     independent rollouts for the others), same pools and seeds; ratios relative to the first spec."""
-    from sara.allocators import make_allocator
-    from sara.allocators.samplers import UniformSampler
-    from sara.collect import collect
+    from sara.bench.allocation import compare_on_env
 
-    rows = []
-    for spec in specs:
-        stats = [collect(make_allocator(spec, k=k), TreeSimulatedEnv(population, size=pool_size, seed=s, kappa=kappa,
-                                                                     prefix_fraction=prefix_fraction),
-                         UniformSampler(pool_size, seed=s), target_groups=target_groups, seed=s).stats
-                 for s in range(seeds)]
-        eff = sum(s.effective_groups for s in stats)
-        ab = sum(s.abandoned_groups for s in stats)
-        rows.append({"allocator": spec, "rollouts_per_effective_group": sum(s.rollouts for s in stats) / eff,
-                     "tokens_per_effective_group": sum(s.tokens for s in stats) / eff,
-                     "wrong_abandon_rate": sum(s.wrong_abandons or 0 for s in stats) / ab if ab else 0.0,
-                     "waste_fraction": 1 - sum(s.effective_rollouts for s in stats) / sum(s.rollouts for s in stats)})
-    for r in rows:
-        r["ratio_vs_first"] = r["rollouts_per_effective_group"] / rows[0]["rollouts_per_effective_group"]
-        r["token_ratio_vs_first"] = r["tokens_per_effective_group"] / rows[0]["tokens_per_effective_group"]
-    return rows
+    return compare_on_env(specs, lambda s: TreeSimulatedEnv(population, size=pool_size, seed=s, kappa=kappa,
+                                                            prefix_fraction=prefix_fraction),
+                          pool_size=pool_size, target_groups=target_groups, seeds=seeds, k=k)
