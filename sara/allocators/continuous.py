@@ -187,21 +187,7 @@ def continuous_vs_ds(population: str = "u-shaped", *, pool_size: int = 20_000, t
                      seeds: int = 3, k: int = 8, noise: float = 0.25,
                      specs: tuple[str, ...] = ("ds", "sara_continuous", "sara_continuous:tau_low=0.2")) -> list[dict]:
     """Rollouts per effective group (std > eps) on the continuous-reward simulator; ratios relative to the first."""
-    from sara.allocators import make_allocator
-    from sara.allocators.samplers import UniformSampler
-    from sara.collect import collect
+    from sara.bench.allocation import compare_on_env
 
-    rows = []
-    for spec in specs:
-        stats = [collect(make_allocator(spec, k=k), make_continuous_env(population, size=pool_size, seed=s,
-                                                                         noise=noise),
-                         UniformSampler(pool_size, seed=s), target_groups=target_groups, seed=s).stats
-                 for s in range(seeds)]
-        eff = sum(s.effective_groups for s in stats)
-        ab = sum(s.abandoned_groups for s in stats)
-        rows.append({"allocator": spec, "rollouts_per_effective_group": sum(s.rollouts for s in stats) / eff,
-                     "wrong_abandon_rate": sum(s.wrong_abandons or 0 for s in stats) / ab if ab else 0.0,
-                     "waste_fraction": 1 - sum(s.effective_rollouts for s in stats) / sum(s.rollouts for s in stats)})
-    for r in rows:
-        r["ratio_vs_first"] = r["rollouts_per_effective_group"] / rows[0]["rollouts_per_effective_group"]
-    return rows
+    return compare_on_env(specs, lambda s: make_continuous_env(population, size=pool_size, seed=s, noise=noise),
+                          pool_size=pool_size, target_groups=target_groups, seeds=seeds, k=k)

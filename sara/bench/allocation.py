@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,8 @@ from sara.envs.simulated import SimulatedEnv
 from sara.metrics import save_figure
 from sara.types import CollectStats
 
-__all__ = ["AllocationBenchConfig", "AllocatorResult", "OracleSampler", "run_allocation_bench", "format_table",
-           "plot_results"]
+__all__ = ["AllocationBenchConfig", "AllocatorResult", "OracleSampler", "compare_on_env", "run_allocation_bench",
+           "format_table", "plot_results"]
 
 
 @dataclass
@@ -113,6 +113,28 @@ class OracleSampler(PromptSampler):
 
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
         self._taken[:] = False
+
+
+def compare_on_env(specs: Sequence[str], make_env: Callable[[int], Any], *, pool_size: int, target_groups: int,
+                   seeds: int, k: int) -> list[dict[str, Any]]:
+    """One collection step per spec and seed on ``make_env(seed)`` (same pools, same rollout seeds): rollouts and
+    tokens per effective group, wrong-abandon rate and waste per spec, with ratios relative to the first spec."""
+    from sara.allocators.samplers import UniformSampler
+
+    rows = []
+    for spec in specs:
+        stats = [collect(make_allocator(spec, k=k), make_env(s), UniformSampler(pool_size, seed=s),
+                         target_groups=target_groups, seed=s).stats for s in range(seeds)]
+        eff = sum(s.effective_groups for s in stats)
+        ab = sum(s.abandoned_groups for s in stats)
+        rows.append({"allocator": spec, "rollouts_per_effective_group": sum(s.rollouts for s in stats) / eff,
+                     "tokens_per_effective_group": sum(s.tokens for s in stats) / eff,
+                     "wrong_abandon_rate": sum(s.wrong_abandons or 0 for s in stats) / ab if ab else 0.0,
+                     "waste_fraction": 1 - sum(s.effective_rollouts for s in stats) / sum(s.rollouts for s in stats)})
+    for r in rows:
+        r["ratio_vs_first"] = r["rollouts_per_effective_group"] / rows[0]["rollouts_per_effective_group"]
+        r["token_ratio_vs_first"] = r["tokens_per_effective_group"] / rows[0]["tokens_per_effective_group"]
+    return rows
 
 
 def num_steps(cfg: AllocationBenchConfig) -> int:
