@@ -6,19 +6,17 @@ previous complete checkpoint plus, at worst, a stray ``*.tmp`` file that ``lates
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import re
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sara.storage import atomic_torch_save, file_lock
+
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_path", "rng_state",
-           "set_rng_state", "prune_checkpoints"]
+           "set_rng_state", "prune_checkpoints", "file_lock"]
 
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
@@ -30,21 +28,7 @@ def checkpoint_path(directory: str | Path, step: int) -> Path:
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     """Write ``state`` (torch-serialisable) to ``path`` atomically; returns the path."""
-    import torch
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return atomic_torch_save(state, path)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -85,22 +69,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` (created with its parents), so parallel processes build a cached
-    artifact once and the others wait; a no-op where ``fcntl`` is missing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
-        yield
-        return
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
