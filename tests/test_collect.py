@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator
 from sara.config import ConfigError
-from sara.envs.simulated import make_population
+from sara.envs.sim.binary import make_population
 
 
 def fingerprint(res):

@@ -16,7 +16,7 @@ from sara.allocators import make_allocator
 from sara.allocators.base import SequentialAllocator, UnitStatus, UnitView
 from sara.allocators.samplers import UniformSampler
 from sara.collect import collect
-from sara.envs.simulated import SimulatedEnv
+from sara.envs.sim.binary import SimulatedEnv
 from sara.types import Decision
 
 K, TARGET, STEPS = 8, 32, 20

@@ -297,7 +297,7 @@ def async_vs_sync(population: str = "u-shaped", *, pool_size: int = 20_000, targ
     """
     from sara.allocators import make_allocator
     from sara.allocators.samplers import UniformSampler
-    from sara.envs.simulated import SimulatedEnv
+    from sara.envs.sim.binary import SimulatedEnv
 
     lat = validate_config(LatencyModel, dict(latency or {}), what="latency")
     plan = (("ds", "sync", simulate_sync), ("sara", "sync", simulate_sync), ("sara_async", "async", simulate_async))

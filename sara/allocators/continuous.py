@@ -177,7 +177,7 @@ def continuous_reward_fn(noise: float = 0.25, spread: float = 0.5, low: float = 
 def make_continuous_env(population: str | np.ndarray = "u-shaped", *, size: int = 10_000, seed: int = 0,
                         noise: float = 0.25, spread: float = 0.5, **env_options: Any):
     """A ``SimulatedEnv`` with continuous rewards in [0, 1] (see ``continuous_reward_fn``)."""
-    from sara.envs.simulated import SimulatedEnv
+    from sara.envs.sim.binary import SimulatedEnv
 
     return SimulatedEnv(population, size=size, seed=seed, reward_fn=continuous_reward_fn(noise, spread),
                         **env_options)

@@ -316,7 +316,7 @@ class TreeSimulatedEnv:
 
     def __init__(self, rates: ArrayLike | str, *, size: int = 10_000, seed: int = 0, kappa: float = 2.0,
                  prefix_fraction: float = 0.5, **env_options: Any) -> None:
-        from sara.envs.simulated import SimulatedEnv
+        from sara.envs.sim.binary import SimulatedEnv
 
         if kappa <= 0 or not 0.0 <= prefix_fraction < 1.0:
             raise ValueError("TreeSimulatedEnv: need kappa > 0 and 0 <= prefix_fraction < 1")

@@ -31,7 +31,7 @@ import numpy as np
 from sara.allocators import make_allocator, make_sampler
 from sara.allocators.samplers import PromptSampler
 from sara.collect import collect
-from sara.envs.simulated import SimulatedEnv
+from sara.envs.sim.binary import SimulatedEnv
 from sara.metrics import save_figure
 from sara.types import CollectStats
 

@@ -4,7 +4,7 @@ Heavy backends (vLLM, transformers, Ray) live in ``sara.envs.backends`` and impo
 """
 
 from sara.envs.base import Completion, GenerationBackend, GenerationRequest, RolloutEnv, SamplingConfig
-from sara.envs.simulated import POPULATIONS, SimulatedEnv, SimulatedEnvConfig, make_population
+from sara.envs.sim.binary import POPULATIONS, SimulatedEnv, SimulatedEnvConfig, make_population
 from sara.envs.task_env import TaskEnv
 
 __all__ = [

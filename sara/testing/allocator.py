@@ -21,7 +21,7 @@ from sara.allocators.base import BudgetAllocator
 from sara.allocators.samplers import UniformSampler
 from sara.collect import collect
 from sara.envs.base import RolloutEnv
-from sara.envs.simulated import SimulatedEnv
+from sara.envs.sim.binary import SimulatedEnv
 from sara.types import CollectResult, Decision
 
 __all__ = ["check_allocator", "AllocatorCheckError"]
