@@ -19,13 +19,16 @@ def verify(completion: str, *, answer: str) -> float:
     return float(bool(lines) and lines[0].strip() == answer)
 
 
-def make_reverse_task(size: int = 200, seed: int = 0) -> Task:
-    """Seeded prompt pool; options arrive as keywords (``make_task("examples/Reverse-v0", size=50)``)."""
+def make_reverse_task(size: int = 200, seed: int = 0, eval_size: int = 50) -> Task:
+    """Seeded prompt pool plus a held-out split; options arrive as keywords (``make_task(..., size=50)``)."""
     rng = np.random.default_rng(seed)
-    words = sorted({"".join(rng.choice(list("abcdefgh"), size=int(rng.integers(3, 9)))) for _ in range(size)})
+    words = sorted({"".join(rng.choice(list("abcdefgh"), size=int(rng.integers(3, 9))))
+                    for _ in range(size + eval_size)})
     prompts = [Prompt(id=f"reverse-{i:04d}", prompt=f"Reverse the word '{w}'. Answer: ", answer={"answer": w[::-1]})
                for i, w in enumerate(words)]
-    return Task(id="examples/Reverse-v0", prompts=prompts, verifier=verify, stop=("\n",), max_new_tokens=16)
+    n_eval = min(eval_size, len(prompts) // 5)
+    return Task(id="examples/Reverse-v0", prompts=prompts[n_eval:], eval_prompts=prompts[:n_eval], verifier=verify,
+                stop=("\n",), max_new_tokens=16)
 
 
 if __name__ == "__main__":
@@ -33,4 +36,5 @@ if __name__ == "__main__":
     register_task("examples/Reverse-v0", "custom_task:make_reverse_task")
     task = make_task("examples/Reverse-v0", size=100, seed=1)
     stats = check_task(task, reference=lambda p: p.answer["answer"] + "\n", gym=True)
-    print(f"check_task: ok ({int(stats['prompts'])} prompts, {int(stats['calls'])} verifier calls)")
+    print(f"check_task: ok ({int(stats['prompts'])} prompts, {int(stats['eval_prompts'])} held out, "
+          f"{int(stats['calls'])} verifier calls)")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "read_jsonl", "deterministic_view", "plot_learning_curves", "plot_matrix"]
+__all__ = ["MetricsLogger", "OutcomeCounts", "read_jsonl", "deterministic_view", "plot_learning_curves", "plot_matrix"]
 
 
 class MetricsLogger:
@@ -200,3 +200,52 @@ def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+class OutcomeCounts:
+    """Every closed unit of a run counted by ``(n, s, effective)``: the data behind the 'what DS would have spent'
+    estimate (``p_mixed``). ``n`` is capped at ``k`` (a committed group filled to k counts its first k rollouts).
+
+    Args:
+        k: The group size.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = int(k)
+        self.counts: dict[tuple[int, int, int], float] = {}
+
+    def record(self, groups: Iterable[Any]) -> None:
+        """Count closed units (``sara.types.Group``: committed, abandoned and discarded alike)."""
+        from sara.types import Decision
+
+        for g in groups:
+            n = min(g.size, self.k)
+            s = min(int(round(float(g.rewards[:n].sum()))), n)
+            key = (n, s, int(g.decision == Decision.COMMIT and g.is_effective()))
+            self.counts[key] = self.counts.get(key, 0.0) + 1.0
+
+    def p_mixed(self) -> float:
+        """P(a fresh prompt's full size-k group is mixed), unbiased under sequential stopping.
+
+        Units observed to be effective count 1; every other closed unit (abandoned, discarded, saturated) counts its
+        posterior-predictive p_eff under a Beta prior fitted by marginal likelihood to ALL closed units' (n, s) —
+        valid because the stopping rule depends only on observed outcomes. (The allocator's own uniform prior would
+        credit a prompt abandoned after 4 failures with a 44% chance of mixing, whatever the population.)
+        """
+        import numpy as np
+
+        from sara.allocators.posteriors import fit_beta_marginal_likelihood, p_effective
+
+        if not self.counts:
+            return 0.0
+        n, s, eff, c = (np.array(x, dtype=np.float64) for x in zip(*((*key, v) for key, v in self.counts.items())))
+        a, b = fit_beta_marginal_likelihood(n, s, weights=c)
+        p = np.where(eff > 0, 1.0, p_effective(n, s, self.k, a, b))
+        return float(np.sum(c * p) / np.sum(c))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "rows": [[*key, v] for key, v in sorted(self.counts.items())]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.k = int(state["k"])
+        self.counts = {(int(n), int(s), int(e)): float(c) for n, s, e, c in state["rows"]}

@@ -111,6 +111,17 @@ def test_check_task_reports_problems() -> None:
         assert needle in msg
 
 
+def test_check_task_requires_a_held_out_split_unless_told_otherwise() -> None:
+    prompts = [Prompt(id=f"p{i}", prompt=f"q{i}", answer={"answer": str(i)}) for i in range(20)]
+    verify = lambda completion, *, answer: float(completion.strip() == answer)  # noqa: E731
+    no_eval = Task(id="test/NoEval-v0", prompts=prompts, verifier=verify)
+    with pytest.raises(TaskCheckError, match="no held-out prompts"):
+        check_task(no_eval, completions=("1",))
+    assert check_task(no_eval, completions=("1",), require_eval=False)["eval_prompts"] == 0
+    split = Task(id="test/Split-v0", prompts=prompts[5:], eval_prompts=prompts[:5], verifier=verify)
+    assert check_task(split, reference=lambda p: p.answer["answer"], completions=("1",))["eval_prompts"] == 5
+
+
 def test_task_model_validation() -> None:
     with pytest.raises(ValueError, match="template"):
         Task(id="t/T-v0", prompts=[], verifier=lambda c: 0.0, template="no placeholder")

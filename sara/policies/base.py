@@ -1,7 +1,8 @@
 """The trainable-policy interface the trainer uses (tiny transformer, HF causal LM, ...).
 
-Kept small on purpose: the trainer needs log-probs of given tokens (for ratios, KL and entropy), an optional value
-head (PPO), parameters for the optimizer, and weights to send to the generator.
+Kept small on purpose: the trainer needs ONE forward pass per mini-batch that returns log-probs of given tokens (for
+ratios and KL), the entropy only when the loss uses it, and values only when the policy has a value head (PPO); plus
+parameters for the optimizer and weights to send to the generator.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Policy", "TokenBatch"]
+__all__ = ["Policy", "PolicyOutput", "TokenBatch"]
 
 
 @dataclass
@@ -27,18 +28,28 @@ class TokenBatch:
     response_mask: Any
 
 
+@dataclass
+class PolicyOutput:
+    """What one forward pass of a policy returns, every tensor ``[B, T]`` aligned with ``TokenBatch.input_ids``.
+
+    ``logprobs[:, t]`` is log p(input_ids[t] | input_ids[:t]) (position 0 is 0); ``entropy[:, t]`` the entropy of
+    that next-token distribution (None unless asked for); ``values[:, t]`` the value of the state before token ``t``
+    (from the hidden state at ``t - 1``; position 0 is 0; None unless asked for).
+    """
+
+    logprobs: Any
+    entropy: Any | None = None
+    values: Any | None = None
+
+
 @runtime_checkable
 class Policy(Protocol):
     """A trainable language policy."""
 
     has_value_head: bool
 
-    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False) -> tuple[Any, Any | None]:
-        """Return ``(logprobs [B, T], entropy [B, T] or None)`` aligned with ``batch.input_ids`` (see TokenBatch)."""
-        ...
-
-    def values(self, batch: TokenBatch) -> Any:
-        """Value estimates ``[B, T]`` (only when ``has_value_head``)."""
+    def score(self, batch: TokenBatch, *, with_entropy: bool = False, with_values: bool = False) -> PolicyOutput:
+        """One forward pass: log-probs, plus the entropy / values when asked (values need ``has_value_head``)."""
         ...
 
     def parameters(self) -> Iterator[Any]:

@@ -77,8 +77,10 @@ class TaskCheckError(AssertionError):
 
 def check_task(task: Task | str, *, reference: Callable[[Prompt], str] | None = None,
                completions: Sequence[str] = ADVERSARIAL_COMPLETIONS, num_prompts: int = 8,
-               max_seconds: float | None = None, gym: bool = False, **task_options: Any) -> dict[str, float]:
-    """Check a task; raise ``TaskCheckError`` listing every problem, else return a few numbers.
+               max_seconds: float | None = None, gym: bool = False, require_eval: bool = True,
+               **task_options: Any) -> dict[str, float]:
+    """Check a task against what ``sara train`` needs; raise ``TaskCheckError`` listing every problem, else return a
+    few numbers.
 
     Args:
         task: A ``Task`` or a task id for ``make_task`` (then it is also built twice to check determinism).
@@ -87,6 +89,8 @@ def check_task(task: Task | str, *, reference: Callable[[Prompt], str] | None = 
         num_prompts: How many prompts to check in depth.
         max_seconds: Longest allowed single verifier call (default: the task's ``timeout_s``).
         gym: Also run ``gymnasium.utils.env_checker.check_env`` on the task's gymnasium environment.
+        require_eval: Require held-out prompts (``Task.eval_prompts``): the trainer evaluates on them before,
+            during and after training. Pass False for a task used only for collection or benchmarks.
         **task_options: Options for ``make_task``.
 
     Returns:
@@ -104,6 +108,9 @@ def check_task(task: Task | str, *, reference: Callable[[Prompt], str] | None = 
     # prompt pool
     if len(t.prompts) == 0:
         problems.append("the training prompt pool is empty")
+    if require_eval and len(t.eval_prompts) == 0:
+        problems.append("no held-out prompts (Task.eval_prompts is empty): sara train evaluates on them; split off "
+                        "an eval set, or pass require_eval=False if the task is never trained on")
     ids = [p.id for p in [*t.prompts, *t.eval_prompts]]
     if len(set(ids)) != len(ids):
         problems.append("prompt ids are not unique across the train and eval splits")

@@ -1,0 +1,27 @@
+"""Training: ``TrainConfig`` (config), the ``Learner`` (padding, log-probs, advantages, update, LR schedule) and the
+``Trainer`` (the loop: collect -> learn -> sync -> metrics -> eval -> checkpoint).
+
+Example:
+    >>> from sara.train import TrainConfig, Trainer            # doctest: +SKIP
+    >>> with Trainer(TrainConfig(steps=3)) as trainer:         # doctest: +SKIP
+    ...     summary = trainer.train()
+"""
+
+from sara.train.config import EvalConfig, OptimConfig, TrainConfig, apply_overrides, load_config
+from sara.train.learner import Batch, Learner, lr_at, make_batch
+from sara.train.trainer import RunSummary, Trainer, default_threads
+
+__all__ = [
+    "Batch",
+    "EvalConfig",
+    "Learner",
+    "OptimConfig",
+    "RunSummary",
+    "TrainConfig",
+    "Trainer",
+    "apply_overrides",
+    "default_threads",
+    "load_config",
+    "lr_at",
+    "make_batch",
+]

@@ -1,0 +1,186 @@
+"""Training-run configuration: ``TrainConfig`` (with ``OptimConfig`` and ``EvalConfig``), ``key=value`` overrides, and
+loading from YAML/JSON. Every invalid value is a ``ConfigError`` that names the field.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from sara.backends.ray.config import RayTrainOptions
+from sara.config import ConfigError, SaraModel, parse_spec, validate_config
+
+__all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides"]
+
+
+class OptimConfig(SaraModel):
+    """Optimizer and schedule (AdamW). Every count here is in optimizer steps."""
+
+    lr: float = Field(2e-4, gt=0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this (None = no clipping)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR after warmup: constant, or linear / cosine decay to 0 at ``total_optimizer_steps``."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup, in optimizer steps."""
+    total_optimizer_steps: int | None = Field(None, ge=1)
+    """Horizon of the decay schedules (None = steps x epochs x mini-batches per batch, estimated from the config)."""
+    epochs: int | None = Field(None, ge=1)
+    """Passes over each collected batch (None = the algorithm's suggestion, ``AlgoSpec.epochs``)."""
+    minibatch_rollouts: int | None = Field(None, ge=1)
+    """Rollouts per optimizer step (None = the whole batch: one optimizer step per epoch)."""
+
+
+class EvalConfig(SaraModel):
+    """Held-out evaluation (the task's ``eval_prompts``) with fixed seeds, so evaluations are comparable."""
+
+    every: int = Field(10, ge=0)
+    """Evaluate every this many training steps (0 = only before training and at the end)."""
+    num_prompts: int = Field(500, ge=1)
+    """Held-out prompts used (the first ones of the task's eval split)."""
+    samples: int = Field(4, ge=1)
+    """Sampled completions per prompt at the training temperature (``eval/acc_sample``)."""
+    greedy: bool = True
+    """Also report greedy accuracy (``eval/acc_greedy``)."""
+
+
+class TrainConfig(SaraModel):
+    """A training run. The defaults are ``sara train``'s embedded run: GRPO + SARA on the tiny policy and
+    ``sara/Arithmetic-v0`` (a few minutes on 2 CPU cores)."""
+
+    name: str = "grpo-sara-arithmetic"
+    """Run name (the default output directory is ``runs/<name>``)."""
+    seed: int = Field(0, ge=0)
+    """Seed of rollouts, prompt order and mini-batch order."""
+    task: str = "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000"
+    """Task id or spec, see ``sara.envs.tasks``. Default: additions of 1- and 2-digit numbers (mixed widths, with and
+    without carries: a wide spread of per-prompt difficulty for the warm-started tiny policy)."""
+    policy: str = "tiny"
+    """Policy factory name in ``sara.policies.POLICIES`` (or ``"module:attr"``)."""
+    policy_options: dict[str, Any] = Field(default_factory=dict)
+    """Options for the policy factory (tiny: ``TinyConfig`` fields and ``warm_start``)."""
+    backend: str = "tiny"
+    """Generation backend factory name in ``sara.policies.BACKENDS`` (or ``"module:attr"``)."""
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    """Options for the backend factory."""
+    ray: RayTrainOptions = Field(default_factory=RayTrainOptions)
+    """Distributed rollouts: ``ray.enabled`` runs ``ray.num_workers`` copies of the backend on Ray actors
+    (``sara train --ray --num-workers N [--ray-address ADDR]``; see docs/ray.md)."""
+    algo: str = "grpo"
+    """Algorithm spec, e.g. ``"grpo"``, ``"ppo:lam=0.95"`` (see ``sara.algos.ALGOS``)."""
+    allocator: str = "sara"
+    """Allocator spec, e.g. ``"sara:tau_low=0.45"``, ``"ds"``, ``"uniform"`` (see ``sara.allocators``)."""
+    sampler: str = "uniform"
+    """Prompt sampler spec (see ``sara.allocators.SAMPLERS``)."""
+    k: int = Field(8, ge=2)
+    """Group size (rollouts per prompt when a group is complete)."""
+    groups_per_step: int = Field(32, ge=1)
+    """Committed groups wanted per step (the training batch, in groups)."""
+    max_rollouts_per_step: int | None = Field(None, ge=1)
+    """Hard rollout budget of one step (None = none)."""
+    rollout_budget: int | None = Field(None, ge=1)
+    """Rollouts for the whole run; training stops when it is spent (None = run ``steps`` steps)."""
+    steps: int = Field(80, ge=0)
+    """Training (collection) steps at most."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of training rollouts and of ``eval/acc_sample``."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation cap (None = the task's suggestion)."""
+    scorer: Literal["auto", "thread", "process", "inline"] = "auto"
+    """How the verifier runs (see ``sara.envs.TaskEnv``)."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer and LR schedule."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Write a checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept on disk."""
+    out_dir: str | None = None
+    """Output directory (None = ``runs/<name>``)."""
+    threads: int | None = Field(None, ge=1)
+    """``torch.set_num_threads`` (None = leave torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+    tensorboard: bool | None = None
+    """Write TensorBoard events (None = when installed)."""
+
+    @model_validator(mode="after")
+    def _check_specs(self) -> TrainConfig:
+        for field in ("task", "algo", "allocator", "sampler"):
+            try:
+                parse_spec(getattr(self, field))
+            except ConfigError as exc:
+                raise ValueError(f"field '{field}': {exc}") from None
+        return self
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``key=value`` / ``a.b=value`` overrides (values parsed as YAML scalars) to a nested dict."""
+    import yaml
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. --set optim.lr=1e-4)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
+            try:
+                value = float(value) if any(c in value.lower() for c in ".e") else value
+            except ValueError:
+                pass
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: field '{p}' is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
+                base: Mapping[str, Any] | None = None) -> TrainConfig:
+    """A ``TrainConfig`` from an optional YAML/JSON file and ``key=value`` overrides (errors name the field)."""
+    import yaml
+
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"config {path}: cannot be read ({exc.strerror or exc}); pass an existing YAML/JSON "
+                              "file of TrainConfig fields") from None
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"config {path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+                              ) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config {path}: expected a mapping of TrainConfig fields at the top level")
+        data.update(loaded)
+    data = apply_overrides(data, overrides)
+    return validate_config(TrainConfig, data, what="train config")

@@ -1,0 +1,243 @@
+"""The Learner: committed groups in, one policy update out (padding, log-probs, advantages, loss, optimizer, LR).
+
+Unit-testable without a generation backend or an environment: give it a policy, an ``AlgoSpec`` and groups of
+rollouts that carry token ids. ``train_step`` calls its three phases by name so each is timed:
+
+    batch = learner.make_batch(groups)                       # pad prompt + response tokens, grouped by id
+    advantages, returns, extra = learner.advantages(batch)   # rollout-time log-probs / values, then the estimator
+    metrics = learner.update(batch, advantages, returns, extra, step=step)   # epochs x mini-batches
+
+One policy forward per mini-batch (``Policy.score``): log-probs, plus the entropy only when the algorithm's loss uses it
+(``AlgoSpec.needs_entropy``) and values only when it trains a critic.
+
+Shapes: ``N`` rollouts, ``T`` prompt + response positions, ``R`` response positions.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sara.train.config import OptimConfig
+
+__all__ = ["Batch", "Learner", "lr_at", "make_batch"]
+
+
+@dataclass
+class Batch:
+    """The committed rollouts as padded tensors (``N`` rollouts, ``T`` full length, ``R`` response length)."""
+
+    tokens: Any  # TokenBatch over prompt + response [N, T]
+    resp_index: Any  # [N, R] positions of response tokens in the full sequence
+    response_mask: Any  # [N, R]
+    rewards: Any  # [N]
+    group_ids: Any  # [N]
+    gen_logprobs: Any  # [N, R] log-probs reported by the generator
+
+    def rows(self, idx: Any) -> Batch:
+        """The sub-batch of rollouts ``idx`` (a mini-batch)."""
+        from sara.policies.base import TokenBatch
+
+        t = self.tokens
+        return Batch(TokenBatch(t.input_ids[idx], t.attention_mask[idx], t.response_mask[idx]), self.resp_index[idx],
+                     self.response_mask[idx], self.rewards[idx], self.group_ids[idx], self.gen_logprobs[idx])
+
+
+def make_batch(groups: Sequence[Any], device: Any = "cpu") -> Batch | None:
+    """Pad prompt + response tokens of the rollouts of ``groups`` (grouped by id, any group size); None if empty.
+
+    Raises:
+        RuntimeError: a rollout without prompt or completion token ids (the backend must return them).
+    """
+    import torch
+
+    from sara.policies.base import TokenBatch
+
+    rows = [(g.group_id, r) for g in groups for r in g.rollouts]
+    if not rows:
+        return None
+    for _, r in rows:
+        if r.token_ids is None or r.prompt_token_ids is None:
+            raise RuntimeError("the backend must return prompt and completion token ids to train on them")
+    lens_p = [len(r.prompt_token_ids) for _, r in rows]
+    lens_r = [len(r.token_ids) for _, r in rows]
+    n, t, big_r = len(rows), max(p + q for p, q in zip(lens_p, lens_r)), max(max(lens_r), 1)
+    ids = torch.zeros(n, t, dtype=torch.long)
+    attn = torch.zeros(n, t, dtype=torch.long)
+    gen_lp = torch.zeros(n, big_r)
+    for i, (_, r) in enumerate(rows):
+        seq = list(r.prompt_token_ids) + list(r.token_ids)
+        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attn[i, : len(seq)] = 1
+        if r.logprobs:
+            gen_lp[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float32)
+    j = torch.arange(big_r)
+    resp_index = (torch.tensor(lens_p)[:, None] + j).clamp(max=t - 1)
+    resp_mask = (j[None, :] < torch.tensor(lens_r)[:, None]).float()
+    full_mask = torch.zeros(n, t)
+    full_mask.scatter_reduce_(1, resp_index, resp_mask, reduce="amax")  # clamped pad indices never unset a 1
+    tokens = TokenBatch(input_ids=ids.to(device), attention_mask=attn.to(device), response_mask=full_mask.to(device))
+    rewards = torch.tensor([r.reward for _, r in rows], dtype=torch.float32, device=device)
+    gids = torch.tensor([gid for gid, _ in rows], dtype=torch.long, device=device)
+    return Batch(tokens, resp_index.to(device), resp_mask.to(device), rewards, gids, gen_lp.to(device))
+
+
+def lr_at(cfg: OptimConfig, optimizer_steps: int, horizon: int) -> float:
+    """The learning rate after ``optimizer_steps`` updates: linear warmup, then constant / linear / cosine decay to 0
+    at ``horizon`` optimizer steps (``cfg.total_optimizer_steps`` wins when set)."""
+    s = optimizer_steps
+    if cfg.warmup_steps and s < cfg.warmup_steps:
+        return cfg.lr * (s + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
+    horizon = cfg.total_optimizer_steps or horizon
+    frac = min(1.0, (s - cfg.warmup_steps) / max(1, horizon - cfg.warmup_steps))
+    if cfg.schedule == "linear":
+        return cfg.lr * (1.0 - frac)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+class Learner:
+    """Owns the trainable side of a run: the policy's optimizer, a frozen reference copy (when the algorithm needs
+    one), the LR schedule and the optimizer-step counter (a schedule follows optimizer steps, never rollouts).
+
+    Args:
+        policy: A ``sara.policies.base.Policy``.
+        algo: An ``AlgoSpec`` (``sara.algos.make_algo``).
+        optim: Optimizer and schedule.
+        seed: Seeds the mini-batch order (with the step and epoch).
+        horizon: Optimizer steps of the whole run, for the decay schedules when ``optim.total_optimizer_steps`` is
+            unset (see ``planned_optimizer_steps``).
+    """
+
+    def __init__(self, policy: Any, algo: Any, optim: OptimConfig, *, seed: int = 0, horizon: int = 1) -> None:
+        import torch
+
+        self.policy, self.algo, self.optim, self.seed, self.horizon = policy, algo, optim, seed, max(1, horizon)
+        self.epochs = optim.epochs or algo.epochs
+        self.reference = None
+        if algo.needs_reference:  # a frozen copy of the starting policy
+            self.reference = copy.deepcopy(policy)
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=optim.lr,
+                                           betas=optim.betas, weight_decay=optim.weight_decay)
+        self.optimizer_steps = 0
+
+    @property
+    def device(self) -> Any:
+        return next(iter(self.policy.parameters())).device
+
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        return lr_at(self.optim, self.optimizer_steps, self.horizon)
+
+    # ------------------------------------------------------------------------------------------------ phases
+    def make_batch(self, groups: Sequence[Any]) -> Batch | None:
+        """``make_batch`` on the policy's device."""
+        return make_batch(groups, self.device)
+
+    def advantages(self, b: Batch) -> tuple[Any, Any, dict[str, Any]]:
+        """Rollout-time log-probs (policy, reference) and values without gradient, then the algorithm's estimator.
+
+        Returns:
+            ``(advantages [N, R], returns [N, R] or None, extra)``; ``extra`` holds the rollout-time tensors the loss
+            needs and ``metrics`` (``algo/gen_logprob_gap``: mean |trainer - generator| log-prob per token).
+        """
+        import torch
+
+        from sara.algos import AdvantageInputs
+
+        with torch.no_grad():
+            out = self._score(self.policy, b, with_values=self.algo.needs_critic)
+            ref_lp = self._score(self.reference, b).logprobs if self.reference is not None else None
+        m = b.response_mask
+        old_lp = out.logprobs
+        values = out.values * m if out.values is not None else None
+        gen_gap = float(((old_lp - b.gen_logprobs).abs() * m).sum() / m.sum().clamp(min=1))
+        extra = {"old_logprobs": old_lp, "ref_logprobs": ref_lp, "values": values,
+                 "metrics": {"algo/gen_logprob_gap": gen_gap}}
+        advantages, returns = self.algo.compute_advantages(AdvantageInputs(
+            rewards=b.rewards, group_ids=b.group_ids, response_mask=m, values=values, old_logprobs=old_lp,
+            ref_logprobs=ref_lp))
+        return advantages, returns, extra
+
+    def update(self, b: Batch, advantages: Any, returns: Any, extra: Mapping[str, Any], *, step: int
+               ) -> dict[str, float]:
+        """``epochs`` passes of shuffled mini-batches, one optimizer step each; mean ``algo/...`` metrics."""
+        import torch
+
+        from sara.algos import LossInputs
+
+        cfg = self.optim
+        n = b.rewards.shape[0]
+        mb = cfg.minibatch_rollouts or n
+        sums: dict[str, float] = defaultdict(float)
+        count = 0
+        for epoch in range(self.epochs):
+            order = np.random.default_rng([self.seed, step, epoch, 0x5EED]).permutation(n)
+            for lo in range(0, n, mb):
+                idx = torch.as_tensor(order[lo : lo + mb], device=b.rewards.device)
+                sub = b.rows(idx)
+                out = self._score(self.policy, sub, with_entropy=self.algo.needs_entropy,
+                                  with_values=self.algo.needs_critic)
+                loss, m = self.algo.compute_loss(LossInputs(
+                    logprobs=out.logprobs, advantages=advantages[idx], response_mask=sub.response_mask,
+                    old_logprobs=extra["old_logprobs"][idx], ref_logprobs=_rows(extra["ref_logprobs"], idx),
+                    entropy=out.entropy, values=out.values, old_values=_rows(extra["values"], idx),
+                    returns=_rows(returns, idx), group_ids=sub.group_ids))
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.lr()
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip is not None:
+                    m["algo/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
+                                                                              cfg.grad_clip))
+                self.optimizer.step()
+                self.optimizer_steps += 1
+                for key, v in m.items():
+                    sums[key] += v
+                count += 1
+        out_m = {k: v / count for k, v in sums.items()}
+        out_m["algo/optimizer_steps"] = float(count)
+        adv_m = advantages[b.response_mask > 0]
+        out_m["algo/adv_abs_mean"] = float(adv_m.abs().mean()) if adv_m.numel() else 0.0
+        return out_m
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Policy weights (CPU copies), optimizer state and the optimizer-step counter."""
+        return {"policy": {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(), "optimizer_steps": self.optimizer_steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+
+    @staticmethod
+    def _score(policy: Any, b: Batch, *, with_entropy: bool = False, with_values: bool = False) -> Any:
+        """One forward pass of ``policy``, every tensor gathered at the response positions, ``[N, R]``."""
+        from sara.policies.base import PolicyOutput
+
+        out = policy.score(b.tokens, with_entropy=with_entropy, with_values=with_values)
+        at = b.resp_index
+        return PolicyOutput(out.logprobs.gather(1, at), None if out.entropy is None else out.entropy.gather(1, at),
+                            None if out.values is None else out.values.gather(1, at))
+
+
+def planned_optimizer_steps(steps: int, groups_per_step: int, k: int, epochs: int, minibatch_rollouts: int | None
+                            ) -> int:
+    """Optimizer steps a run of ``steps`` full batches makes (the horizon of the decay schedules)."""
+    per_batch = math.ceil(groups_per_step * k / minibatch_rollouts) if minibatch_rollouts else 1
+    return max(1, steps * epochs * per_batch)
+
+
+def _rows(x: Any, idx: Any) -> Any:
+    return None if x is None else x[idx]

@@ -1,0 +1,371 @@
+"""THE training loop: collect -> advantages -> loss -> optimizer step(s) -> weight sync -> metrics, then eval and
+checkpoints.
+
+``Trainer(TrainConfig(...))`` wires a task, a policy (``sara.policies.POLICIES``), a generation backend
+(``sara.backends.BACKENDS``), an allocator, a prompt sampler, an algorithm (``sara.algos.ALGOS``) and a ``Learner``
+together; ``train_step`` is one step, readable top to bottom, each phase timed by name; ``train`` loops, evaluates,
+checkpoints and plots. Nothing here branches on the algorithm's or the allocator's name.
+
+Counters kept separately (an LR schedule follows optimizer steps, never generation rounds or training steps):
+``step`` (training steps = collection steps), ``learner.optimizer_steps`` (mini-batch updates), ``version`` (weight
+syncs to the generator), and cumulative rollouts / tokens in ``totals``.
+
+Example:
+    >>> cfg = TrainConfig(steps=3, groups_per_step=8)          # doctest: +SKIP
+    >>> trainer = Trainer(cfg)                                  # doctest: +SKIP
+    >>> metrics = trainer.train_step()                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sara.config import ConfigError, validate_config
+from sara.metrics import OutcomeCounts
+from sara.timing import PhaseTimer
+from sara.train.config import TrainConfig
+from sara.train.learner import Learner, planned_optimizer_steps
+
+__all__ = ["Trainer", "RunSummary", "default_threads"]
+
+
+@dataclass
+class RunSummary:
+    """What a run achieved (``sara train`` prints it; ``sara matrix`` tabulates it)."""
+
+    name: str
+    algo: str
+    allocator: str
+    steps: int
+    acc_before: float
+    acc_after: float
+    greedy_before: float | None
+    greedy_after: float | None
+    rollouts: int
+    tokens: int
+    effective_groups: int
+    committed_groups: int
+    p_mixed: float
+    ds_rollouts_estimate: float
+    wall_seconds: float
+    out_dir: str
+    abandoned_tokens: int = 0
+    """Tokens generated for units the allocator abandoned (spent without reaching the batch)."""
+    ds_tokens_estimate: float = float("nan")
+    """Tokens DS would have generated: ``ds_rollouts_estimate`` x this run's mean tokens per rollout."""
+
+    @property
+    def effective_fraction(self) -> float:
+        return self.effective_groups / self.committed_groups if self.committed_groups else 0.0
+
+
+class Trainer:
+    """Runs ``TrainConfig``: build everything from registries, then ``train_step`` in a loop.
+
+    Args:
+        config: The run (a ``TrainConfig`` or a mapping of its fields).
+        resume: Continue from the newest checkpoint in ``<out_dir>/checkpoints`` (fresh start when there is none).
+        verbose: Print setup messages (warm start, resume).
+    """
+
+    def __init__(self, config: TrainConfig | Mapping[str, Any] | None = None, *, resume: bool = False,
+                 verbose: bool = False) -> None:
+        import torch
+
+        from sara.algos import make_algo
+        from sara.allocators import make_allocator, make_sampler
+        from sara.backends import BACKENDS
+        from sara.envs.base import SamplingConfig
+        from sara.envs.task_env import TaskEnv
+        from sara.envs.tasks import make_task
+        from sara.envs.tasks.scoring import BatchScorer
+        from sara.envs.tree import TreeTaskEnv
+        from sara.policies import POLICIES
+
+        cfg = config if isinstance(config, TrainConfig) else validate_config(TrainConfig, dict(config or {}),
+                                                                              what="train config")
+        self.config = cfg
+        self.out_dir = cfg.output_dir
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        self.algo = make_algo(cfg.algo)
+        self.task = make_task(cfg.task)
+        if not self.task.eval_prompts:
+            raise ConfigError(f"train config: field 'task': {cfg.task!r} has no held-out prompts to evaluate on")
+        policy_factory = _lookup(POLICIES, cfg.policy, "policy")
+        backend_factory = _lookup(BACKENDS, cfg.backend, "backend")
+        if cfg.ray.enabled:  # ray.num_workers copies of the backend on Ray actors (sara.backends.ray)
+            from sara.backends.ray.pool import ray_backend_factory
+
+            backend_factory = ray_backend_factory(backend_factory, cfg.ray)
+        self.policy = policy_factory({**cfg.policy_options, **({"value_head": True} if self.algo.needs_critic else {})},
+                                     task=self.task, seed=cfg.seed, verbose=verbose)
+        if self.algo.needs_critic and not getattr(self.policy, "has_value_head", False):
+            raise ConfigError(f"train config: field 'policy': algorithm {self.algo.name!r} needs a value head and "
+                              f"policy {cfg.policy!r} has none")
+        epochs = cfg.optim.epochs or self.algo.epochs
+        self.learner = Learner(self.policy, self.algo, cfg.optim, seed=cfg.seed, horizon=planned_optimizer_steps(
+            cfg.steps, cfg.groups_per_step, cfg.k, epochs, cfg.optim.minibatch_rollouts))
+        self.backend = backend_factory(self.policy, dict(cfg.backend_options), task=self.task, seed=cfg.seed)
+        sampling = SamplingConfig(temperature=cfg.temperature,
+                                  max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
+                                  stop=self.task.stop)
+        mode = cfg.scorer if cfg.scorer != "auto" else ("thread" if self.task.thread_safe else "process")
+        self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
+        self.allocator = make_allocator(cfg.allocator, k=cfg.k)
+        # Tree allocators that send node handles need the environment that turns them into partial traces.
+        env_cls = TreeTaskEnv if getattr(self.allocator.config, "node_prefix", False) else TaskEnv
+        self.env = env_cls(self.task, self.backend, sampling, scorer=self.scorer)
+        self.eval_env = TaskEnv(self.task, self.backend, sampling, split="eval", scorer=self.scorer)
+        greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, stop=sampling.stop)
+        self.greedy_env = TaskEnv(self.task, self.backend, greedy, split="eval", scorer=self.scorer)
+        self.sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
+        self.step = 0
+        self.version = 0
+        self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
+        self.outcomes = OutcomeCounts(cfg.k)  # every closed unit's (n, s, effective): the DS estimate
+        self.evals: list[dict[str, float]] = []
+        self.wall_seconds = 0.0
+        self.resumed_from: Path | None = None
+        if resume:
+            from sara.train.checkpoint import latest_checkpoint
+
+            path = latest_checkpoint(self.out_dir / "checkpoints")
+            if path is not None:
+                self.load(path)
+                if verbose:
+                    print(f"resumed from {path} (step {self.step})", flush=True)
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer (mini-batch) updates so far."""
+        return self.learner.optimizer_steps
+
+    @property
+    def reference(self) -> Any:
+        """The frozen reference policy (None unless the algorithm needs one)."""
+        return self.learner.reference
+
+    # ---------------------------------------------------------------------------------------------- the step
+    def train_step(self) -> dict[str, float]:
+        """One step: collect -> advantages -> loss -> optimizer step(s) -> weight sync -> metrics."""
+        from sara.collect import collect
+
+        cfg, timer, learner = self.config, PhaseTimer(), self.learner
+        with timer("step"):
+            # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds.
+            with timer("collect"):
+                result = collect(self.allocator, self.env, self.sampler, target_groups=cfg.groups_per_step,
+                                 max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step)
+            # 2. Advantages: rollout-time log-probs (old, reference), values, then the algorithm's estimator.
+            with timer("advantages"):
+                batch = learner.make_batch(result.groups)
+                advantages, returns, extra = learner.advantages(batch) if batch is not None else (None, None, {})
+            # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
+            with timer("update"):
+                algo_metrics = (learner.update(batch, advantages, returns, extra, step=self.step)
+                                if batch is not None else {})
+            # 5. Weight sync: the generator samples the next step with the new weights.
+            with timer("sync"):
+                if batch is not None:
+                    self.version += 1
+                    self.backend.update_weights(self.policy.state_dict(), self.version)
+            self.step += 1
+            metrics = {**self._collect_metrics(result), **algo_metrics, **extra.get("metrics", {})}
+        metrics.update(timer.metrics())
+        return metrics
+
+    # ------------------------------------------------------------------------------------------ the run loop
+    def train(self, steps: int | None = None, *, log: bool = True) -> RunSummary:
+        """Train until ``steps`` (default ``config.steps``) or the rollout budget is spent; evaluate, checkpoint,
+        log JSONL (+ TensorBoard), plot; return a summary."""
+        from sara.metrics import MetricsLogger, plot_learning_curves, read_jsonl
+
+        cfg = self.config
+        total = cfg.steps if steps is None else steps
+        logger = MetricsLogger(self.out_dir, total_steps=total, progress=cfg.progress and log,
+                               tensorboard=cfg.tensorboard if log else False,
+                               resume_step=self.step if self.resumed_from is not None else None,
+                               show={"acc": "eval/acc_sample", "reward": "env/reward_mean",
+                                     "eff": "alloc/effective_fraction", "rollouts": "env/cum_rollouts"})
+        try:
+            if self.step == 0:
+                logger.log(0, {**self.evaluate(), **self._cumulative()})
+            while self.step < total and not self.budget_spent():
+                t0 = time.perf_counter()
+                metrics = self.train_step()
+                if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step >= total or self.budget_spent():
+                    metrics.update(self.evaluate())
+                metrics.update(self._cumulative())
+                metrics["train/optimizer_steps"] = float(self.learner.optimizer_steps)
+                metrics["train/lr"] = self.learner.lr()
+                self.wall_seconds += time.perf_counter() - t0
+                metrics["time/total"] = self.wall_seconds
+                logger.log(self.step, metrics)
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save()
+            self.save()
+        finally:
+            logger.close()
+        records = read_jsonl(logger.path)
+        try:
+            plot_learning_curves(records, self.out_dir / "learning_curve.png",
+                                 title=f"{cfg.algo} + {cfg.allocator} on {cfg.task}")
+        except ImportError:  # matplotlib is optional
+            pass
+        return self.summary(records)
+
+    def budget_spent(self) -> bool:
+        b = self.config.rollout_budget
+        return b is not None and self.totals["rollouts"] >= b
+
+    def _step_budget(self) -> int | None:
+        caps = [c for c in (self.config.max_rollouts_per_step,
+                            None if self.config.rollout_budget is None
+                            else self.config.rollout_budget - int(self.totals["rollouts"])) if c is not None]
+        return max(1, min(caps)) if caps else None
+
+    # ------------------------------------------------------------------------------------------------ metrics
+    def _collect_metrics(self, result: Any) -> dict[str, float]:
+        """``alloc/...`` accounting of the step, ``env/...`` rewards; feeds the run's totals and outcome counts."""
+        st = result.stats
+        out = st.as_metrics("alloc/")
+        out["alloc/effective_fraction"] = st.effective_groups / st.committed_groups if st.committed_groups else 0.0
+        all_groups = [*result.groups, *result.abandoned, *result.discarded]
+        rewards = np.concatenate([g.rewards for g in all_groups]) if all_groups else np.zeros(0)
+        committed = np.concatenate([g.rewards for g in result.groups]) if result.groups else np.zeros(0)
+        out["env/reward_mean"] = float(rewards.mean()) if len(rewards) else 0.0
+        out["env/reward_committed"] = float(committed.mean()) if len(committed) else 0.0
+        out["env/group_size_mean"] = float(np.mean([g.size for g in result.groups])) if result.groups else 0.0
+        self.outcomes.record(all_groups)
+        for key in ("rollouts", "tokens", "abandoned_tokens", "committed_groups", "effective_groups"):
+            self.totals[key] += getattr(st, key)
+        return out
+
+    def _cumulative(self) -> dict[str, float]:
+        t = self.totals
+        return {"env/cum_rollouts": t["rollouts"], "env/cum_tokens": t["tokens"],
+                "env/cum_abandoned_tokens": t["abandoned_tokens"],
+                "env/cum_effective_groups": t["effective_groups"], "env/cum_committed_groups": t["committed_groups"],
+                "env/p_mixed_estimate": self.outcomes.p_mixed(), "train/step": float(self.step),
+                "train/weights_version": float(self.version)}
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy with fixed seeds: ``eval/acc_sample`` (training temperature) and ``eval/acc_greedy``."""
+        from sara.seeding import derive_seeds
+        from sara.types import RolloutRequest
+
+        ec = self.config.eval
+        t0 = time.perf_counter()
+        prompts = list(self.eval_env.prompts[: ec.num_prompts])
+        seeds = derive_seeds(self.config.seed, 0xE7A1, np.arange(len(prompts))[:, None], np.arange(ec.samples)[None])
+        reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=tuple(int(x) for x in seeds[i]))
+                for i, p in enumerate(prompts)]
+        per_prompt = np.array([[r.reward for r in rs] for rs in self.eval_env.rollout(reqs)]).mean(1)
+        out = {"eval/acc_sample": float(per_prompt.mean()),
+               "eval/frac_prompts_mixed": float(((per_prompt > 0) & (per_prompt < 1)).mean()),
+               "eval/frac_prompts_solved": float((per_prompt == 1).mean()),
+               "eval/frac_prompts_unsolved": float((per_prompt == 0).mean())}
+        if ec.greedy:
+            reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=(0,)) for i, p in enumerate(prompts)]
+            out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in self.greedy_env.rollout(reqs)]))
+        out["time/eval"] = time.perf_counter() - t0
+        self.evals.append({"step": float(self.step), **out})
+        return out
+
+    def summary(self, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
+        """Before/after accuracy (from the JSONL records when given), rollouts, tokens, and the DS estimate."""
+        evals = [r for r in (records or self.evals) if "eval/acc_sample" in r]
+        first, last = (evals[0], evals[-1]) if evals else ({}, {})
+        t = self.totals
+        p_mixed = self.outcomes.p_mixed()
+        ds = t["effective_groups"] * self.config.k / p_mixed if p_mixed > 0 else float("nan")
+        return RunSummary(
+            name=self.config.name, algo=self.config.algo, allocator=self.config.allocator, steps=self.step,
+            acc_before=float(first.get("eval/acc_sample", float("nan"))),
+            acc_after=float(last.get("eval/acc_sample", float("nan"))),
+            greedy_before=first.get("eval/acc_greedy"), greedy_after=last.get("eval/acc_greedy"),
+            rollouts=int(t["rollouts"]), tokens=int(t["tokens"]), effective_groups=int(t["effective_groups"]),
+            committed_groups=int(t["committed_groups"]), p_mixed=p_mixed, ds_rollouts_estimate=ds,
+            wall_seconds=self.wall_seconds, out_dir=str(self.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
+            ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"))
+
+    # --------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the run bit for bit."""
+        from sara.train.checkpoint import rng_state
+
+        return {
+            "config": self.config.model_dump(mode="json"),
+            "counters": {"step": self.step, "version": self.version, "wall_seconds": self.wall_seconds},
+            "totals": dict(self.totals),
+            "outcomes": self.outcomes.state_dict(),
+            "evals": list(self.evals),
+            "learner": self.learner.state_dict(),
+            "allocator": self.allocator.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def save(self) -> Path:
+        """Write ``<out_dir>/checkpoints/ckpt-<step>.pt`` atomically and prune old ones."""
+        from sara.train.checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
+
+        path = save_checkpoint(self.state_dict(), checkpoint_path(self.out_dir / "checkpoints", self.step))
+        prune_checkpoints(self.out_dir / "checkpoints", self.config.keep_checkpoints)
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Restore a checkpoint written by ``save`` and push its weights to the generator."""
+        from sara.train.checkpoint import load_checkpoint, set_rng_state
+
+        state = load_checkpoint(path)
+        self.learner.load_state_dict(state["learner"])
+        self.allocator.load_state_dict(state["allocator"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        c = state["counters"]
+        self.step, self.version = int(c["step"]), int(c["version"])
+        self.wall_seconds = float(c.get("wall_seconds", 0.0))
+        self.totals = defaultdict(float, state["totals"])
+        self.outcomes.load_state_dict(state["outcomes"])
+        self.evals = list(state.get("evals", []))
+        if self.version > 0:
+            self.backend.update_weights(self.policy.state_dict(), self.version)
+        self.resumed_from = Path(path)
+
+    def close(self) -> None:
+        """Stop verifier workers and the backend."""
+        for env in (self.env, self.eval_env, self.greedy_env):
+            env.close()
+        self.scorer.close()
+        self.backend.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _lookup(registry: Any, name: str, what: str) -> Any:
+    try:
+        return registry.get(name)
+    except KeyError as exc:
+        raise ConfigError(f"train config: field '{what}': {exc.args[0]}") from None
+
+
+def default_threads() -> int:
+    """Threads for torch: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
