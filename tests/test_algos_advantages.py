@@ -331,3 +331,16 @@ def test_group_baseline_properties(groups: list[list[float]], seed: int) -> None
             assert adv_g[sel].std().item() == pytest.approx(1.0, rel=1e-9)  # unit unbiased std per group
             k = len(grp)
             assert torch.allclose(adv_r[sel], adv_dr[sel] * k / (k - 1))
+
+
+# ---------------------------------------------------------------------------------------------------------- layout
+def test_advantages_module_reexports_the_split_modules() -> None:
+    from sara.algos import advantages, estimators, tensors
+
+    for mod in (tensors, estimators):
+        for name in mod.__all__:
+            assert getattr(advantages, name) is getattr(mod, name) and name in advantages.__all__
+    assert ADVANTAGES.outcome_level_names() == {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+    gae = ADVANTAGES.params_model("gae")
+    assert set(gae.model_fields) == {"gamma", "lam"} and gae().lam == 1.0
+    assert ADVANTAGES.params_model("rloo").model_fields == {}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sara.algos.advantages import group_index, masked_mean
+from sara.algos.tensors import group_index, masked_mean
 
 __all__ = [
     "KL_ESTIMATORS",
