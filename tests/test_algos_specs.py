@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sara.algos import (  # noqa: E402
+    ADVANTAGES,
     ALGOS,
     AdvantageInputs,
     AlgoSpec,
@@ -182,10 +183,122 @@ def test_make_algo_options_and_errors() -> None:
 
 
 def test_custom_spec_and_pickling() -> None:
-    spec = AlgoSpec(name="my_rloo", advantage="rloo", loss_agg_mode="seq-mean-token-mean", min_group_size=2)
+    spec = AlgoSpec(name="my_rloo", advantage="rloo", loss_agg_mode="seq-mean-token-mean")
     assert pickle.loads(pickle.dumps(spec)) == spec
     assert len({spec, make_algo(spec), ALGOS.get("rloo")}) == 2  # hashable despite the kwargs dict
     with pytest.raises(ConfigError, match="advantage_kwargs"):
         AlgoSpec(name="bad", advantage="rloo", advantage_kwargs={"gamma": 1.0})
     with pytest.raises(ConfigError, match="advantage"):
         AlgoSpec(name="bad", advantage="nonexistent")
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "valid"),
+    [
+        ("ppo:lam=2", "lam", "[0, 1]"),
+        ("ppo:lam=-0.1", "lam", "[0, 1]"),
+        ("ppo:gamma=0", "gamma", "(0, 1]"),
+        ("reinforce_pp:gamma=1.5", "gamma", "(0, 1]"),
+        ("grpo:eps=-1", "eps", ">= 0"),
+        ("grpo:clip_ratio_low=0", "clip_ratio_low", "(0, 1)"),
+        ("grpo:clip_ratio_low=1", "clip_ratio_low", "(0, 1)"),
+        ("grpo:clip_ratio_high=0", "clip_ratio_high", "> 0"),
+        ("ppo:value_clip=0", "value_clip", "> 0"),
+        ("grpo:kl_coef=-0.1", "kl_coef", ">= 0"),
+        ("grpo:entropy_coef=-1", "entropy_coef", ">= 0"),
+        ("ppo:vf_coef=-1", "vf_coef", ">= 0"),
+        ("grpo:epochs=0", "epochs", ">= 1"),
+        ("dr_grpo:norm_len=0", "norm_len", "> 0"),
+        ("ppo:dual_clip_c=1", "dual_clip_c", "> 1"),
+    ],
+)
+def test_option_ranges_raise_config_error_naming_field_and_range(bad: str, field: str, valid: str) -> None:
+    with pytest.raises(ConfigError, match=f"field '{field}'") as info:
+        make_algo(bad)
+    assert f"valid range {valid}" in str(info.value)
+
+
+def test_every_invalid_option_is_a_config_error_naming_the_field() -> None:
+    for bad, field in [
+        ("grpo:normalize_std=maybe", "normalize_std"),
+        ("grpo:epochs=two", "epochs"),
+        ("grpo:kl_mode=sometimes", "kl_mode"),
+        ("grpo:norm_len=256", "norm_len"),  # only seq-mean-token-sum-norm uses it: not silently ignored
+        ("grpo:min_group_size=2", "min_group_size"),  # removed: nothing read it
+        ("grpo:advantage=nope", "advantage"),
+    ]:
+        with pytest.raises(ConfigError, match=f"field '{field}'"):
+            make_algo(bad)
+    with pytest.raises(ConfigError, match="field 'lam'"):
+        AlgoSpec(name="x", advantage="gae", advantage_kwargs={"lam": 3}, needs_critic=True)
+    # every registered spec keeps its defaults and stays valid when rebuilt from its own options
+    for name in ALGOS.names():
+        spec = ALGOS.get(name)
+        assert make_algo(name) == spec and spec.replace() == spec
+
+
+def test_user_outcome_level_estimator_gets_the_kl_mode_check() -> None:
+    def mine(inputs: AdvantageInputs, *, scale: float = 1.0):
+        adv = scale * grpo_advantages(inputs.rewards, inputs.group_ids)
+        return broadcast_to_tokens(adv, inputs.response_mask), None
+
+    ADVANTAGES.register("test_outcome_user", mine, outcome_level=True, override=True)
+    ADVANTAGES.register("test_token_user", mine, override=True)
+    assert ADVANTAGES.is_outcome_level("test_outcome_user")
+    assert not ADVANTAGES.is_outcome_level("test_token_user")
+    with pytest.raises(ConfigError, match="field 'kl_mode'.*outcome-level.*test_outcome_user"):
+        AlgoSpec(name="u", advantage="test_outcome_user", kl_mode="reward", kl_coef=0.01)
+    AlgoSpec(name="u", advantage="test_token_user", kl_mode="reward", kl_coef=0.01)  # not flagged: allowed
+    spec = AlgoSpec(name="u", advantage="test_outcome_user", kl_mode="loss")
+    with pytest.raises(ConfigError, match="field 'kl_mode'"):
+        spec.replace(kl_mode="reward")
+    # its options are typed by its signature
+    assert spec.replace(scale="2").advantage_kwargs == {"scale": 2.0}
+    with pytest.raises(ConfigError, match="field 'scale'"):
+        spec.replace(scale="big")
+    with pytest.warns(DeprecationWarning, match="outcome_level"):
+        from sara.algos import OUTCOME_ESTIMATORS
+    assert {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "test_outcome_user"} <= OUTCOME_ESTIMATORS
+    assert "test_token_user" not in OUTCOME_ESTIMATORS
+
+
+def test_norm_len_sets_dr_grpo_constant_length() -> None:
+    b = _batch(5)
+    spec = ALGOS.get("dr_grpo")
+    assert spec.norm_len is None and spec.loss_agg_mode == "seq-mean-token-sum-norm"
+    adv, _ = spec.compute_advantages(_adv_inputs(b))
+
+    def loss_of(s: AlgoSpec) -> float:
+        inp = LossInputs(b["logprobs"], adv, b["response_mask"], old_logprobs=b["old_logprobs"])
+        return float(s.compute_loss(inp)[0].detach())
+
+    default = loss_of(spec)  # divides each sequence's token sum by this batch's padded length T
+    assert default != 0
+    fixed = make_algo("dr_grpo:norm_len=28")
+    assert fixed.norm_len == 28 and fixed.options()["norm_len"] == 28
+    assert loss_of(fixed) == pytest.approx(default * T / 28)  # the loss scales by T / norm_len
+    assert loss_of(make_algo("dr_grpo:norm_len=7")) == pytest.approx(default)  # norm_len = T: unchanged
+
+
+def test_needs_entropy_and_compute_loss_without_entropy() -> None:
+    b = _batch(6)
+    for name in ALGOS.names():
+        spec = ALGOS.get(name)
+        assert not spec.needs_entropy and "entropy" not in spec.loss_inputs()
+        adv, returns = spec.compute_advantages(_adv_inputs(b))
+        loss_in = LossInputs(
+            logprobs=b["logprobs"], advantages=adv, response_mask=b["response_mask"],
+            old_logprobs=b["old_logprobs"], ref_logprobs=b["ref_logprobs"], entropy=None,
+            values=b["values"].clone().requires_grad_(True), old_values=b["values"], returns=returns,
+        )  # fmt: skip
+        loss, metrics = spec.compute_loss(loss_in)
+        assert torch.isfinite(loss) and "algo/entropy" not in metrics
+    with_ent = make_algo("grpo:entropy_coef=0.01")
+    assert with_ent.needs_entropy and "entropy" in with_ent.loss_inputs()
+    adv, _ = with_ent.compute_advantages(_adv_inputs(b))
+    with pytest.raises(ValueError, match="entropy"):
+        with_ent.compute_loss(LossInputs(b["logprobs"], adv, b["response_mask"], entropy=None))
+    _, metrics = with_ent.compute_loss(
+        LossInputs(b["logprobs"], adv, b["response_mask"], entropy=b["entropy"])
+    )
+    assert "algo/entropy" in metrics

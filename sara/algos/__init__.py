@@ -1,11 +1,15 @@
 """RL algorithms (torch): advantage estimators, losses and algorithm specs.
 
-- ``ADVANTAGES``: advantage estimators by name, one signature ``fn(AdvantageInputs, **params) -> (adv, returns)``;
-  the pure functions (``grpo_advantages``, ``rloo_advantages``, ...) work on flat tensors and group ids.
+- ``ADVANTAGES``: advantage estimators by name, one signature ``fn(AdvantageInputs, **params) -> (adv, returns)``,
+  ``outcome_level=True`` at registration for estimators that read only the scalar rewards; the pure functions
+  (``sara.algos.estimators``: ``grpo_advantages``, ``rloo_advantages``, ...) work on flat tensors and group ids, on
+  the masked / grouped helpers of ``sara.algos.tensors``.
 - ``sara.algos.losses``: PPO-clip policy loss (verl aggregation modes, dual clip, dead-group dropping), clipped value
   loss, KL (k1/k2/k3), entropy; ``rl_loss`` combines them.
 - ``ALGOS``: ``AlgoSpec`` per algorithm (grpo, dr_grpo, rloo, ppo, reinforce_pp, reinforce_pp_baseline);
-  ``make_algo("ppo:lam=0.95")``; the trainer calls ``spec.compute_advantages`` and ``spec.compute_loss`` only.
+  ``make_algo("ppo:lam=0.95")`` (a validated pydantic model: a bad option raises ``ConfigError`` naming it); the
+  trainer reads ``needs_critic`` / ``needs_reference`` / ``needs_entropy`` / ``epochs`` and calls
+  ``spec.compute_advantages`` and ``spec.compute_loss`` only.
 
 See docs/algorithms.md.
 """
@@ -42,7 +46,17 @@ from sara.algos.losses import (
     rl_loss,
     value_loss,
 )
-from sara.algos.specs import ALGOS, OUTCOME_ESTIMATORS, AlgoSpec, make_algo, register_algo
+from sara.algos.specs import ALGOS, AlgoSpec, make_algo, register_algo
+
+
+def __getattr__(name: str) -> object:
+    # deprecated (warns): ADVANTAGES.register(..., outcome_level=True) / ADVANTAGES.is_outcome_level(name) instead
+    if name == "OUTCOME_ESTIMATORS":
+        from sara.algos import specs
+
+        return specs.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ADVANTAGES",
@@ -52,7 +66,6 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "LossInputs",
-    "OUTCOME_ESTIMATORS",
     "active_mask",
     "agg_loss",
     "broadcast_to_tokens",

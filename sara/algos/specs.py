@@ -21,136 +21,158 @@ ppo                          + values (value head at rollout time);      + value
                              + old/ref log-probs if kl_coef > 0
 ===========================  ==========================================  =============================================
 
-``kl_mode="loss"`` specs with ``kl_coef > 0`` also need ``LossInputs.ref_logprobs``; ``entropy_coef > 0`` needs
-``LossInputs.entropy``. If ``AdvantageInputs.token_level_rewards`` is given it is used as is (the caller has folded in
+``kl_mode="loss"`` specs with ``kl_coef > 0`` also need ``LossInputs.ref_logprobs``; ``entropy_coef > 0``
+(``spec.needs_entropy``) needs ``LossInputs.entropy``, otherwise it may be ``None``. If ``AdvantageInputs.token_level_rewards`` is given it is used as is (the caller has folded in
 any KL penalty); otherwise the spec builds it: the scalar reward on the last valid token minus β·KL per token.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import typing
-from dataclasses import dataclass, field
+import warnings
 from typing import Any, Literal
 
 import torch
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor
 
 from sara.algos.advantages import ADVANTAGES, AdvantageInputs, build_token_rewards
 from sara.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES, LossInputs, kl_penalty, rl_loss
-from sara.config import ConfigError, parse_spec
+from sara.algos.options import errors_text, none_strings
+from sara.config import ConfigError, SaraModel, parse_spec
 from sara.registry import Registry
 
-__all__ = ["ALGOS", "AlgoSpec", "OUTCOME_ESTIMATORS", "make_algo", "register_algo"]
-
-OUTCOME_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"})
-"""Estimators that only use the scalar ``rewards`` (a KL penalty in the reward would be ignored by them)."""
+__all__ = ["ALGOS", "AlgoSpec", "make_algo", "register_algo"]
 
 KLMode = Literal["none", "loss", "reward"]
+KLEstimator = Literal[KL_ESTIMATORS]  # type: ignore[valid-type]
+AggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
+_NORM_MODE = "seq-mean-token-sum-norm"
 
 
-@dataclass(frozen=True)
-class AlgoSpec:
+def __getattr__(name: str) -> Any:
+    if name == "OUTCOME_ESTIMATORS":  # deprecated: was a closed frozenset; now a registration flag
+        warnings.warn(
+            "OUTCOME_ESTIMATORS is deprecated: register with ADVANTAGES.register(name, fn, outcome_level=True) and "
+            "ask ADVANTAGES.is_outcome_level(name)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ADVANTAGES.outcome_level_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class AlgoSpec(SaraModel):
     """One RL algorithm as data: advantage estimator + loss settings + what the trainer must supply.
 
-    Attributes:
-        name: registry name.
-        advantage: name of the estimator in ``ADVANTAGES`` (or ``"module:attr"``).
-        advantage_kwargs: keyword arguments for the estimator (e.g. ``gamma``, ``lam``).
-        description: one line for tables and ``--help``.
-        loss_agg_mode: one of ``LOSS_AGG_MODES``.
-        clip_ratio_low: PPO clip ε below 1.
-        clip_ratio_high: PPO clip ε above 1 (DAPO's clip-higher raises it).
-        dual_clip_c: dual-clip constant (> 1) or ``None``.
-        drop_zero_adv_groups: drop all-zero-advantage groups from the policy-loss denominator (TRL #6367).
-        needs_critic: the policy must have a value head; adds the clipped value loss.
-        vf_coef: value-loss weight.
-        value_clip: value clip range (``None``: no clipping).
-        kl_mode: ``"none"``, ``"loss"`` (β·KL added to the loss) or ``"reward"`` (−β·KL folded into token rewards).
-        kl_coef: β (0 disables KL and the reference policy).
-        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (see ``kl_penalty``).
-        entropy_coef: weight of the entropy bonus.
-        epochs: suggested optimizer passes over each collected batch.
-        min_group_size: smallest group that can carry signal (2 for group baselines: singletons get 0).
+    A frozen pydantic model: every option is a validated field (ranges as ``Field`` constraints), and constructing
+    one with an invalid value raises ``ConfigError`` naming the field and its valid range. Estimator options
+    (``gamma``, ``lam``, ``eps``, ...) live in ``advantage_kwargs`` and are validated by the estimator's signature
+    (``ADVANTAGES.params_model(advantage)``); ``replace`` / ``make_algo`` accept them by name.
     """
 
+    model_config = ConfigDict(frozen=True)
+
     name: str
+    """Registry name."""
     advantage: str
-    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Name of the estimator in ``ADVANTAGES`` (or ``"module:attr"``)."""
+    advantage_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Options of the estimator (e.g. ``gamma``, ``lam``); only those set here, the others keep their defaults."""
     description: str = ""
-    loss_agg_mode: str = "token-mean"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    dual_clip_c: float | None = None
+    """One line for tables and ``--help``."""
+    loss_agg_mode: AggMode = "token-mean"
+    """How per-token losses become a scalar: one of ``LOSS_AGG_MODES`` (see ``sara.algos.losses.agg_loss``)."""
+    norm_len: int | None = Field(None, gt=0)
+    """Constant length of ``seq-mean-token-sum-norm`` (Dr.GRPO: e.g. the generation limit). ``None``: each
+    loss call's padded length T, i.e. the longest response in it. Only valid with that aggregation mode."""
+    clip_ratio_low: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO clip ε below 1, in (0, 1)."""
+    clip_ratio_high: float = Field(0.2, gt=0.0)
+    """PPO clip ε above 1, > 0 (DAPO's clip-higher raises it)."""
+    dual_clip_c: float | None = Field(None, gt=1.0)
+    """Dual-clip constant (> 1) capping the loss of negative-advantage tokens, or ``None``."""
     drop_zero_adv_groups: bool = False
+    """Drop all-zero-advantage groups from the policy-loss denominator (TRL #6367)."""
     needs_critic: bool = False
-    vf_coef: float = 0.5
-    value_clip: float | None = 0.5
+    """The policy must have a value head; adds the clipped value loss."""
+    vf_coef: float = Field(0.5, ge=0.0)
+    """Value-loss weight (>= 0)."""
+    value_clip: float | None = Field(0.5, gt=0.0)
+    """Value clip range (> 0), ``None``: no clipping."""
     kl_mode: KLMode = "none"
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    epochs: int = 1
-    min_group_size: int = 1
+    """``"none"``, ``"loss"`` (β·KL added to the loss) or ``"reward"`` (−β·KL folded into the token rewards)."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """β (>= 0; 0 disables KL and the reference policy)."""
+    kl_estimator: KLEstimator = "k3"
+    """``"k1"``, ``"k2"`` or ``"k3"`` (see ``kl_penalty``)."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Weight of the entropy bonus (>= 0); 0 means the trainer need not compute entropy (``needs_entropy``)."""
+    epochs: int = Field(1, ge=1)
+    """Suggested optimizer passes over each collected batch (>= 1)."""
 
-    def __post_init__(self) -> None:
-        def bad(fld: str, msg: str) -> ConfigError:
-            return ConfigError(f"algorithm {self.name!r}: field '{fld}': {msg}")
-
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise bad(
-                "loss_agg_mode", f"must be one of {', '.join(LOSS_AGG_MODES)} (got {self.loss_agg_mode!r})"
-            )
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise bad(
-                "kl_estimator", f"must be one of {', '.join(KL_ESTIMATORS)} (got {self.kl_estimator!r})"
-            )
-        if self.kl_mode not in ("none", "loss", "reward"):
-            raise bad("kl_mode", f"must be 'none', 'loss' or 'reward' (got {self.kl_mode!r})")
-        if self.kl_mode == "none" and self.kl_coef > 0:
-            raise bad(
-                "kl_coef", f"is {self.kl_coef} but kl_mode is 'none'; set kl_mode to 'loss' or 'reward'"
-            )
-        if self.kl_mode == "reward" and self.advantage in OUTCOME_ESTIMATORS:
-            raise bad(
-                "kl_mode",
-                f"'reward' has no effect with the outcome-level estimator {self.advantage!r}; use 'loss'",
-            )
-        for fld in ("clip_ratio_low", "clip_ratio_high", "vf_coef", "kl_coef", "entropy_coef"):
-            if not getattr(self, fld) >= 0:
-                raise bad(fld, f"must be >= 0 (got {getattr(self, fld)!r})")
-        if self.clip_ratio_low >= 1:
-            raise bad("clip_ratio_low", f"must be < 1 (got {self.clip_ratio_low!r})")
-        if self.dual_clip_c is not None and not self.dual_clip_c > 1:
-            raise bad("dual_clip_c", f"must be > 1 or None (got {self.dual_clip_c!r})")
-        if self.value_clip is not None and not self.value_clip > 0:
-            raise bad("value_clip", f"must be > 0 or None (got {self.value_clip!r})")
-        if self.epochs < 1:
-            raise bad("epochs", f"must be >= 1 (got {self.epochs!r})")
-        if self.min_group_size < 1:
-            raise bad("min_group_size", f"must be >= 1 (got {self.min_group_size!r})")
+    def __init__(self, **data: Any) -> None:
         try:
-            fn = ADVANTAGES.get(self.advantage)
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(
+                f"algorithm {data.get('name', '?')!r}: {errors_text(exc, type(self))}"
+            ) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_estimator(cls, data: Any) -> Any:
+        data = none_strings(cls, data)
+        if not isinstance(data, dict) or not isinstance(data.get("advantage"), str):
+            return data
+        try:
+            params = ADVANTAGES.params_model(data["advantage"])
         except KeyError as exc:
-            raise bad("advantage", str(exc.args[0])) from None
-        params = _estimator_params(fn)
-        unknown = sorted(set(self.advantage_kwargs) - set(params))
+            raise ValueError(f"field 'advantage': {exc.args[0]}") from None
+        kwargs = data.get("advantage_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            return data
+        unknown = sorted(set(kwargs) - set(params.model_fields))
         if unknown:
-            raise bad(
-                "advantage_kwargs",
-                f"{self.advantage!r} takes no {unknown}; it takes {sorted(params) or 'nothing'}",
+            takes = sorted(params.model_fields) or "nothing"
+            raise ValueError(
+                f"field 'advantage_kwargs': {data['advantage']!r} takes no {unknown}; it takes {takes}"
             )
+        try:
+            checked = params.model_validate(kwargs)
+        except ValidationError as exc:
+            raise ValueError(errors_text(exc, params)) from None
+        return {**data, "advantage_kwargs": {k: getattr(checked, k) for k in kwargs}}
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> AlgoSpec:
+        if self.kl_mode == "none" and self.kl_coef > 0:
+            raise ValueError(
+                f"field 'kl_coef': is {self.kl_coef} but kl_mode is 'none'; set kl_mode to 'loss' or 'reward'"
+            )
+        if self.kl_mode == "reward" and ADVANTAGES.is_outcome_level(self.advantage):
+            raise ValueError(
+                f"field 'kl_mode': 'reward' has no effect with the outcome-level estimator {self.advantage!r}; use 'loss'"
+            )
+        if self.norm_len is not None and self.loss_agg_mode != _NORM_MODE:
+            raise ValueError(
+                f"field 'norm_len': only used by loss_agg_mode {_NORM_MODE!r} (loss_agg_mode is {self.loss_agg_mode!r})"
+            )
+        return self
 
     def __hash__(self) -> int:  # the generated hash would fail on the advantage_kwargs dict
-        return hash(repr(self))
+        return hash(repr({**self.__dict__, "advantage_kwargs": sorted(self.advantage_kwargs.items())}))
 
     # ------------------------------------------------------------------------------------------ what the trainer supplies
     @property
     def needs_reference(self) -> bool:
         """Whether the trainer must compute ``ref_logprobs`` (a frozen reference policy)."""
         return self.kl_mode != "none" and self.kl_coef > 0
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether ``compute_loss`` needs ``LossInputs.entropy`` (``entropy_coef > 0``); else it may be ``None``."""
+        return self.entropy_coef > 0
 
     @property
     def kl_in_reward(self) -> bool:
@@ -176,7 +198,7 @@ class AlgoSpec:
         need = ["logprobs", "advantages", "response_mask", "old_logprobs"]
         if self.kl_loss_coef > 0:
             need.append("ref_logprobs")
-        if self.entropy_coef > 0:
+        if self.needs_entropy:
             need.append("entropy")
         if self.needs_critic:
             need += ["values", "old_values", "returns"]
@@ -218,6 +240,7 @@ class AlgoSpec:
             clip_ratio_high=self.clip_ratio_high,
             dual_clip_c=self.dual_clip_c,
             agg_mode=self.loss_agg_mode,
+            norm_len=self.norm_len,
             drop_zero_adv=self.drop_zero_adv_groups,
             kl_loss_coef=self.kl_loss_coef,
             kl_estimator=self.kl_estimator,
@@ -230,73 +253,42 @@ class AlgoSpec:
     def replace(self, **overrides: Any) -> AlgoSpec:
         """A validated copy with some fields changed; keys that are estimator parameters go to ``advantage_kwargs``.
 
-        String values (from spec strings / the command line) are coerced to the field's type.
+        String values (from spec strings / the command line) are coerced to the field's type (``"none"`` → None).
 
         Raises:
             ConfigError: unknown option or invalid value (the message names the field).
         """
-        fields = {f.name: f for f in dataclasses.fields(self) if f.init}
+        fields = type(self).model_fields
         adv_name = overrides.get("advantage", self.advantage)
         try:
-            params = _estimator_params(ADVANTAGES.get(adv_name))
+            params = ADVANTAGES.params_model(adv_name).model_fields
         except KeyError as exc:
             raise ConfigError(f"algorithm {self.name!r}: field 'advantage': {exc.args[0]}") from None
         data: dict[str, Any] = {f: getattr(self, f) for f in fields}
         adv_kwargs = dict(self.advantage_kwargs) if adv_name == self.advantage else {}
         for key, value in overrides.items():
-            if key in fields and key != "advantage_kwargs":
-                data[key] = _coerce(self.name, key, _field_types()[key], value)
-            elif key in params:
-                default = params[key]
-                data_type = type(default) if default is not None else Any
-                adv_kwargs[key] = _coerce(self.name, key, data_type, value)
-            elif key == "advantage_kwargs":
+            if key == "advantage_kwargs":
                 adv_kwargs.update(value)
+            elif key in fields:
+                data[key] = value
+            elif key in params:
+                adv_kwargs[key] = value
             else:
                 known = sorted(set(fields) - {"advantage_kwargs"} | set(params))
                 raise ConfigError(
                     f"algorithm {self.name!r}: field {key!r}: unknown option; known options: {', '.join(known)}"
                 )
         data["advantage_kwargs"] = adv_kwargs
-        return AlgoSpec(**data)
+        return type(self)(**data)
 
     def options(self) -> dict[str, Any]:
         """All settings as a flat dict (estimator parameters included, with their defaults), for logs and tables."""
-        out = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "advantage_kwargs"
-        }
-        params = _estimator_params(ADVANTAGES.get(self.advantage))
-        out.update({k: self.advantage_kwargs.get(k, v) for k, v in params.items()})
+        out = {k: v for k, v in self.__dict__.items() if k != "advantage_kwargs"}
+        params = ADVANTAGES.params_model(self.advantage).model_fields
+        out.update({k: self.advantage_kwargs.get(k, info.get_default()) for k, info in params.items()})
         out["needs_reference"] = self.needs_reference
+        out["needs_entropy"] = self.needs_entropy
         return out
-
-
-def _coerce(algo: str, key: str, tp: Any, value: Any) -> Any:
-    adapter = TypeAdapter(tp)
-    try:
-        return adapter.validate_python(value)
-    except ValidationError as exc:
-        # "value_clip=none" on the command line means None where the field admits it
-        if isinstance(value, str) and value.strip().lower() == "none":
-            try:
-                return adapter.validate_python(None)
-            except ValidationError:
-                pass
-        msg = exc.errors()[0]["msg"]
-        raise ConfigError(f"algorithm {algo!r}: field {key!r}: {msg} (got {value!r})") from None
-
-
-def _field_types() -> dict[str, Any]:
-    return typing.get_type_hints(AlgoSpec)
-
-
-def _estimator_params(fn: Any) -> dict[str, Any]:
-    """Keyword-only parameters (with defaults) of a registered estimator."""
-    return {
-        p.name: (None if p.default is inspect.Parameter.empty else p.default)
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
 
 
 # ------------------------------------------------------------------------------------------------------------ registry
@@ -338,7 +330,6 @@ register_algo(
         advantage="grpo",
         description="GRPO: (r − mean_g)/(std_g + eps) per group, PPO-clip, token-mean loss",
         kl_mode="loss",
-        min_group_size=2,
     )
 )
 register_algo(
@@ -348,7 +339,6 @@ register_algo(
         description="Dr.GRPO: r − mean_g (no std), token sums over a constant length",
         kl_mode="loss",
         loss_agg_mode="seq-mean-token-sum-norm",
-        min_group_size=2,
     )
 )
 register_algo(
@@ -357,7 +347,6 @@ register_algo(
         advantage="rloo",
         description="RLOO: r − mean of the other group members, PPO-clip, token-mean loss",
         kl_mode="loss",
-        min_group_size=2,
     )
 )
 register_algo(
@@ -367,7 +356,6 @@ register_algo(
         description="REINFORCE++-baseline: group-mean baseline, whitened over the batch's tokens",
         kl_mode="loss",
         kl_estimator="k3",
-        min_group_size=2,
     )
 )
 register_algo(
