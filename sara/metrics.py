@@ -238,7 +238,8 @@ class OutcomeCounts:
 
         if not self.counts:
             return 0.0
-        n, s, eff, c = (np.array(x, dtype=np.float64) for x in zip(*((*key, v) for key, v in self.counts.items())))
+        rows = ((*key, v) for key, v in sorted(self.counts.items()))  # a fixed order: the fit is order-sensitive
+        n, s, eff, c = (np.array(x, dtype=np.float64) for x in zip(*rows))
         a, b = fit_beta_marginal_likelihood(n, s, weights=c)
         p = np.where(eff > 0, 1.0, p_effective(n, s, self.k, a, b))
         return float(np.sum(c * p) / np.sum(c))

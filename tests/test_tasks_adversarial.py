@@ -8,7 +8,7 @@ verifier against answers that none of the cases contains, plus task-specific cas
 from __future__ import annotations
 
 import builtins
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,24 @@ VERIFIERS: dict[str, tuple[Callable[..., float], dict[str, Any]]] = {
     "aime": (math.verify_integer, {"answer": 617}),
 }
 PURE = ["arithmetic", "countdown", "gsm8k-strict", "gsm8k-flexible", "aime"]  # no sympy behind them
+CALL_BUDGET = 5_000  # Python + C function calls one pure verifier call may make, whatever the completion
+
+
+def _calls(fn: Callable[[], object]) -> tuple[object, int]:
+    """``fn()`` and the number of function calls it made: a measure of work that machine load cannot change."""
+    count = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        out = fn()
+    finally:
+        sys.setprofile(None)
+    return out, count
 
 
 def _injections(marker: Path) -> list[str]:
@@ -47,18 +65,23 @@ def test_every_case_scores_zero_without_raising(name: str, tmp_path: Path) -> No
     marker = tmp_path / "pwned"
     verify("warm-up \\boxed{1}", **answer)  # first math-verify calls import sympy and fill its caches
     verify("warm-up \\boxed{x y}", **answer)
-    bound = 1.0 if name in PURE else 5.0  # generous safety net; the limits are asserted in the tests below
-    slow = []
+    costly = []
     cases = [*ADVERSARIAL_COMPLETIONS, *_injections(marker)]
     for i, c in enumerate(cases):
-        t0 = time.perf_counter()
-        score = verify(c, **answer)
-        dt = time.perf_counter() - t0
+        if name in PURE:  # bounded work, counted in calls (sympy-backed verifiers: the guards tested below)
+            score, calls = _calls(lambda c=c: verify(c, **answer))
+            if calls > CALL_BUDGET:
+                costly.append((i, c[:40], calls))
+        else:
+            score = verify(c, **answer)
         assert score == 0.0, f"{name}: case #{i} {c[:60]!r} scored {score!r}"
-        if dt > bound:
-            slow.append((i, c[:40], round(dt, 3)))
-    assert not slow, f"{name}: slow cases {slow}"
+    assert not costly, f"{name}: cases over {CALL_BUDGET} calls: {costly}"
     assert not marker.exists(), "an injected payload was executed"
+
+
+def test_the_call_count_sees_unbounded_work() -> None:
+    assert _calls(lambda: [abs(i) for i in range(2 * CALL_BUDGET)])[1] > CALL_BUDGET
+    assert _calls(lambda: len("x" * (1 << 20)))[1] < 10
 
 
 @pytest.mark.parametrize("name", PURE)

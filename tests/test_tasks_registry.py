@@ -21,7 +21,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "sara/Countdown-v0": {"pool_size": 40, "eval_size": 8},
     "sara/GSM8K-v0": {"eval_size": 2},
     "sara/MATH-v0": {"eval_size": 4},
-    "sara/AIME-v0": {},
+    "sara/AIME-v0": {"eval_size": 2},
 }
 REFERENCE: dict[str, Callable[[Prompt], str]] = {
     "sara/Arithmetic-v0": lambda p: f"{p.answer['answer']}\n",
@@ -79,6 +79,7 @@ def test_register_and_make() -> None:
 
     def factory(**kw: Any) -> Task:
         return Task(id="test/Echo-v0", prompts=[Prompt(id="a", prompt="say hi", answer={"text": "hi"})],
+                    eval_prompts=[Prompt(id="b", prompt="say hi again", answer={"text": "hi"})],
                     verifier=lambda c, *, text: float(c.strip() == text))
 
     register_task("test/Echo-v0", factory)
