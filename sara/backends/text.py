@@ -1,4 +1,4 @@
-"""Helpers shared by the HF and vLLM backends: prompt encoding, stop strings, weight-state filtering.
+"""Text handling shared by the HF and vLLM backends: chat rendering, prompt encoding, stop strings, EOS ids.
 
 Both backends tokenize prompts the same way (here), so a prompt gives identical ``prompt_token_ids`` whichever backend
 generates it. Nothing heavy is imported at module level.
@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["encode_prompt", "render_chat", "find_stop", "generator_state", "eos_ids", "NON_MODEL_PREFIXES"]
-
-NON_MODEL_PREFIXES: tuple[str, ...] = ("value_head.",)
-"""State-dict key prefixes a policy may add beside the causal LM's own weights (never sent to a generator)."""
+__all__ = ["encode_prompt", "render_chat", "find_stop", "eos_ids"]
 
 
 def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
@@ -58,8 +55,3 @@ def eos_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
         ids.update(int(e) for e in eos)
     return ids
 
-
-def generator_state(state_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """The causal-LM weights of a policy state dict (value-head entries dropped, tensors detached)."""
-    return {k: (v.detach() if hasattr(v, "detach") else v) for k, v in state_dict.items()
-            if not k.startswith(NON_MODEL_PREFIXES)}

@@ -98,7 +98,7 @@ class TinyBackend:
 
 
 def make_tiny_backend(policy: Any, options: Mapping[str, Any] | None = None, **_: Any) -> TinyBackend:
-    """Backend factory for ``sara.policies.BACKENDS``: a ``TinyBackend`` generating with ``policy``'s weights."""
+    """Backend factory for ``sara.backends.BACKENDS``: a ``TinyBackend`` generating with ``policy``'s weights."""
     if not isinstance(policy, TinyPolicy):
         raise TypeError(f"the tiny backend needs a TinyPolicy, got {type(policy).__name__}")
     return TinyBackend(policy, options)

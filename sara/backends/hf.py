@@ -20,7 +20,6 @@ top-p truncation, computed in float32 from the generating weights), the same con
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,10 +28,11 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from sara.backends.text import encode_prompt, eos_ids, find_stop
+from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
-from sara.envs.backends._common import encode_prompt, eos_ids, find_stop, generator_state
-from sara.envs.backends._common import render_chat as _render_chat
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+from sara.hub import generator_state, load_hf_model, resolve_hf_model
 from sara.seeding import uniform_from_seeds
 
 __all__ = ["HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
@@ -56,37 +56,6 @@ class HFBackendConfig(SaraModel):
     policy's dtype); otherwise the backend holds its own copy in ``dtype`` and ``update_weights`` copies the state."""
     cache_dir: str | None = None
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
-
-
-def resolve_hf_model(model: Any, tokenizer: Any, options: dict[str, Any], config_cls: type[Any], *,
-                     what: str) -> tuple[Any, Any, Any]:
-    """``(config, model, tokenizer)`` from either a model name/directory (loaded here) or a module + tokenizer.
-
-    ``config_cls`` is a pydantic config with ``model``, ``dtype``, ``device`` and ``cache_dir`` fields.
-    """
-    if model is not None and isinstance(model, (str, os.PathLike)):
-        options = {**options, "model": str(model)}
-        model = None
-    config = validate_config(config_cls, options, what=what)
-    if model is None:
-        model, tok = load_hf_model(config.model, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir)
-        tokenizer = tokenizer or tok
-    elif tokenizer is None:
-        raise ValueError(f"{what}: pass tokenizer= together with a model module")
-    return config, model, tokenizer
-
-
-def load_hf_model(model: str | os.PathLike[str], *, dtype: str = "bfloat16", device: str = "cpu",
-                  cache_dir: str | None = None) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a prepared model name or a local HF directory (eval mode, no grad)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sara.models import resolve_model
-
-    path = resolve_model(model, cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    module = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype]).to(device).eval()
-    return module, tokenizer
 
 
 @dataclass
