@@ -15,9 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator
-from sara.config import ConfigError
-from sara.envs.backends.ray_pool import (
-    LatencyEnv,
+from sara.backends.ray import (
     RayEnvPool,
     RayRolloutPool,
     StaleWeightsError,
@@ -25,7 +23,9 @@ from sara.envs.backends.ray_pool import (
     WorkerFailedError,
     split_round,
 )
+from sara.config import ConfigError
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+from sara.envs.sim.latency import LatencyEnv
 from sara.types import RolloutRequest
 
 ray = pytest.importorskip("ray")
@@ -86,7 +86,7 @@ class CrashingEnv:
     """A simulator whose worker dies in the middle of its ``call``-th rollout call, once per marker file.
 
     ``how="kill"``: ``ray.kill`` of the actor from inside the call; ``how="exit"``: the process exits;
-    ``how="hang"``: the call never returns (in test time).
+    ``how="hang"``: the call never returns (until the pool's timeout kills the actor).
     """
 
     def __init__(self, marker: str, call: int = 1, how: str = "kill", always: bool = False) -> None:
@@ -106,7 +106,7 @@ class CrashingEnv:
             except FileNotFoundError:
                 return self.env.rollout(requests)  # another worker already died for this marker
             if self.how == "hang":
-                time.sleep(120)
+                threading.Event().wait()  # forever
             if self.how == "kill":
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
                 time.sleep(30)  # the kill lands while the call is in flight
@@ -124,6 +124,49 @@ class WeightedSimEnv(SimulatedEnv):
     def update_weights(self, state, version):
         self.rates = np.asarray(state["rates"], np.float64)
         self.loaded.append(version)
+
+
+@ray.remote
+class Gate:
+    """Tells the test when the victim actor is inside a call: ``arrive`` (from the env) returns True exactly once,
+    for the victim, and sets the event ``wait_arrived`` (from the test) waits on."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.victim_pid = None
+        self.arrived = asyncio.Event()
+
+    async def set_victim(self, pid: int) -> None:
+        self.victim_pid = pid
+
+    async def arrive(self, pid: int) -> bool:
+        if pid != self.victim_pid or self.arrived.is_set():
+            return False
+        self.arrived.set()
+        return True
+
+    async def wait_arrived(self) -> None:
+        await self.arrived.wait()
+
+
+class GatedEnv:
+    """A ``LatencyEnv`` simulator whose victim actor blocks inside its second rollout call, after telling the gate."""
+
+    def __init__(self, gate) -> None:
+        self.env = LatencyEnv(SIM, 1e-6)
+        self.prompts = self.env.prompts
+        self.gate = gate
+        self.calls = 0
+
+    def counterfactual_mixed(self, *args):
+        return self.env.counterfactual_mixed(*args)
+
+    def rollout(self, requests):
+        self.calls += 1
+        if self.calls == 2 and ray.get(self.gate.arrive.remote(os.getpid())):
+            threading.Event().wait()  # in the middle of a round until the test kills this actor
+        return self.env.rollout(requests)
 
 
 class SeededBackend:
@@ -231,7 +274,9 @@ def test_stuck_worker_is_replaced_after_the_call_timeout(ray_cluster, reference,
     marker = tmp_path / "hang"
     marker.touch()
     factory = functools.partial(CrashingEnv, str(marker), call=2, how="hang")
-    with RayEnvPool(factory, num_workers=2, call_timeout_s=3) as pool:
+    # the hung call never returns; a healthy shard takes milliseconds, far below this generous timeout even on a
+    # loaded machine, so exactly one shard times out
+    with RayEnvPool(factory, num_workers=2, call_timeout_s=20) as pool:
         results = _run_steps(pool)
         assert sum(pool.restarts) == 1
     _same(results, reference)
@@ -239,20 +284,20 @@ def test_stuck_worker_is_replaced_after_the_call_timeout(ray_cluster, reference,
 
 @pytest.mark.ray
 def test_worker_killed_from_another_thread_during_a_round(ray_cluster, reference):
-    slow = functools.partial(LatencyEnv, SIM, 2e-5)
-    with RayEnvPool(slow, num_workers=2) as pool:
+    gate = Gate.remote()
+    with RayEnvPool(functools.partial(GatedEnv, gate), num_workers=2) as pool:
         victim = pool.actors[1]
+        ray.get(gate.set_victim.remote(pool.worker_info()[1]["pid"]))
 
-        def kill_during_round_two():
-            while pool.rounds < 2:
-                time.sleep(0.001)
+        def kill_when_the_victim_is_inside_a_call():
+            ray.get(gate.wait_arrived.remote(), timeout=300)  # event-driven: the victim signals from inside its call
             ray.kill(victim, no_restart=True)
 
-        killer = threading.Thread(target=kill_during_round_two, daemon=True)
+        killer = threading.Thread(target=kill_when_the_victim_is_inside_a_call, daemon=True)
         killer.start()
         results = _run_steps(pool)
-        killer.join(timeout=5)
-        assert pool.restarts == [0, 1]
+        killer.join(timeout=60)
+        assert not killer.is_alive() and pool.restarts == [0, 1]
     _same(results, reference)
 
 
@@ -332,7 +377,7 @@ def test_rollout_pool_returns_request_order_independent_of_split(ray_cluster):
 @pytest.mark.ray
 def test_tiny_policy_pool_matches_in_process_backend_and_follows_weight_updates(ray_cluster):
     torch = pytest.importorskip("torch")
-    from sara.envs.backends.tiny import TinyBackend
+    from sara.backends.tiny import TinyBackend
     from sara.envs.task_env import TaskEnv
     from sara.policies.tiny import TinyPolicy
 
@@ -361,28 +406,32 @@ def test_tiny_policy_pool_matches_in_process_backend_and_follows_weight_updates(
 
 
 @pytest.mark.ray
-def test_ray_backend_registry_entry_wraps_another_backend(ray_cluster):
+def test_ray_backend_factory_wraps_another_backend(ray_cluster):
     pytest.importorskip("torch")
-    from sara.envs.backends.ray_pool import RayTrainOptions, make_ray_backend, ray_backend_factory
-    from sara.envs.backends.tiny import make_tiny_backend
+    from sara.backends import BACKENDS, make_backend
+    from sara.backends.ray import RayTrainOptions, ray_backend_factory
+    from sara.backends.tiny import make_tiny_backend
     from sara.policies.tiny import TinyPolicy
+    from sara.testing import check_backend
 
     policy = TinyPolicy({"d_model": 16, "n_layers": 1, "n_heads": 2})
     reqs = [GenerationRequest(prompt=f"{i}+1=", seeds=(i, i + 100)) for i in range(6)]
     sampling = SamplingConfig(max_new_tokens=3)
     expected = make_tiny_backend(policy).generate(reqs, sampling)
-    from sara.policies import BACKENDS
-    from sara.testing import check_backend
 
-    assert BACKENDS.get("ray") is make_ray_backend
-    with pytest.raises(ConfigError, match="field 'backend'"):
-        make_ray_backend(policy, {"backend": "no-such-backend"})
+    # one way to turn Ray on: ray.enabled (the trainer) / RayRolloutPool (Python); no "ray" backend entry
+    assert "ray" not in BACKENDS
+    with pytest.raises(ConfigError, match="unknown generation backend 'ray'"):
+        make_backend("ray:backend=tiny", policy=policy)
+    with pytest.raises(ConfigError, match="num_workers"):
+        ray_backend_factory(make_tiny_backend, {"num_workers": 0})
     with pytest.raises(WorkerFailedError, match=r"worker 0 of 2 \(no-such-backend\) could not build its backend "
                        r"while starting: .*unknown generation backend 'no-such-backend'"):
         RayRolloutPool("no-such-backend", num_workers=2)
-    with make_ray_backend(policy, {"backend": "tiny", "num_workers": 2, "max_restarts": 0}) as pool:
+    with ray_backend_factory(make_tiny_backend, {"num_workers": 2, "max_restarts": 0})(policy, {}) as pool:
         assert pool.config.max_restarts == 0 and pool.generate(reqs, sampling) == expected
-        check_backend(pool)  # the conformance check every backend passes
+        check_backend(pool, state_dict=policy.state_dict())  # the conformance check every backend passes
+        assert pool.version == 3 and [w["version"] for w in pool.worker_info()] == [3, 3]
     make = ray_backend_factory(make_tiny_backend, RayTrainOptions(enabled=True, num_workers=2))
     with make(policy, {}, task=None, seed=0) as pool:
         assert pool.num_workers == 2 and pool.generate(reqs, sampling) == expected
@@ -395,8 +444,7 @@ def test_ray_backend_registry_entry_wraps_another_backend(ray_cluster):
 @pytest.mark.ray
 def test_hf_smollm2_pool_with_two_workers_generates_a_real_round(ray_cluster):
     pytest.importorskip("transformers")
-    from sara.envs.backends.hf import load_hf_model
-    from sara.models import prepare_model
+    from sara.hub import load_hf_model, prepare_model
 
     prepare_model("smollm2")
     model, tokenizer = load_hf_model("smollm2")
@@ -404,7 +452,7 @@ def test_hf_smollm2_pool_with_two_workers_generates_a_real_round(ray_cluster):
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
                for q in ("What is 2+3?", "Name a colour.", "Say hello in French.", "Count to three.")]
     reqs = [GenerationRequest(prompt=p, seeds=(10 * i, 10 * i + 1)) for i, p in enumerate(prompts)]
-    spec = "sara.envs.backends.hf:make_hf_backend:model=smollm2,max_batch_size=16"  # a backend spec, built in each actor
+    spec = "sara.backends.hf:make_hf_backend:model=smollm2,max_batch_size=16"  # a backend spec, built in each actor
     with RayRolloutPool(spec, num_workers=2, split_requests=False) as pool:
         assert pool.per_request_seeds
         out = pool.generate(reqs, sampling)
