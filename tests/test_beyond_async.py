@@ -5,7 +5,9 @@ import pytest
 
 from sara import SimulatedEnv, UniformSampler, collect
 from sara.allocators import make_allocator
-from sara.allocators.async_ import _makespan, simulate_async, simulate_sync
+from sara.collect_async import simulate_async, simulate_sync
+from sara.envs.sim.latency import LatencyEnv
+from sara.envs.sim.latency import makespan as _makespan
 from sara.testing import check_allocator
 
 
@@ -49,7 +51,54 @@ def runs():
 def test_async_reaches_the_target_with_exact_accounting(runs):
     r = runs["async"]
     assert r.stop_reason == "target_reached" and r.effective_groups >= 64
-    assert r.rollouts_finished > 0 and r.rollouts_aborted >= 0 and r.tokens > 0
+    s, res = r.result.stats, r.result
+    # Every started rollout ends in exactly one of committed / abandoned / discarded / aborted.
+    assert r.rollouts_started == r.rollouts_finished + r.rollouts_aborted
+    assert r.rollouts_finished == s.rollouts == s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts
+    assert s.rollouts == sum(g.size for g in (*res.groups, *res.abandoned, *res.discarded))
+    assert r.rollouts_aborted > 0  # a streaming step always has rollouts of closed units in flight
+    # Tokens: the finished rollouts' (integer) tokens plus the aborted ones' partial tokens.
+    assert s.tokens == s.committed_tokens + s.abandoned_tokens + s.discarded_tokens
+    assert s.tokens < r.tokens < s.tokens + r.rollouts_aborted * 4096
+    assert (r.effective_groups, r.committed_groups) == (s.effective_groups, s.committed_groups)
+    ids = [g.group_id for g in (*res.groups, *res.abandoned, *res.discarded)]
+    assert len(ids) == len(set(ids))
+
+
+def test_sync_shares_collects_numbers(runs):
+    # simulate_sync is collect + a latency wrapper: the same groups as a plain collect with the same seeds.
+    plain = collect(make_allocator("sara", k=8), SimulatedEnv("u-shaped", size=6000, seed=1),
+                    UniformSampler(6000, seed=1), target_groups=64, seed=1)
+    r = runs["sync"]
+    assert r.rollouts_started == r.rollouts_finished == plain.stats.rollouts and r.rollouts_aborted == 0
+    assert [g.rollouts for g in r.result.groups] == [g.rollouts for g in plain.groups]
+    assert r.tokens == plain.stats.tokens
+
+
+def test_async_rollouts_use_collects_seeds(runs):
+    # Rollout j of a unit gets collect's seed (seed, step, prompt, occurrence, j) in both drivers, so a prompt both
+    # drivers drew shares its first rollout's seed (probes are sequential) and equal seeds give equal rewards.
+    def by_prompt(r):
+        res = r.result
+        return {g.pool_index: {x.seed: x.reward for x in g.rollouts} for g in (*res.groups, *res.abandoned, *res.discarded)}
+
+    sync, stream = by_prompt(runs["sync"]), by_prompt(runs["async"])
+    common = set(sync) & set(stream)
+    assert len(common) > 50
+    for p in common:
+        shared = set(sync[p]) & set(stream[p])
+        assert shared and all(sync[p][x] == stream[p][x] for x in shared)
+
+
+def test_latency_env_clock_and_sleep_modes():
+    env = SimulatedEnv("u-shaped", size=200, seed=0)
+    sim = LatencyEnv(env, latency={"slots": 1, "per_token_s": 1e-3, "prefill_s": 0.0})
+    sleepy = LatencyEnv(lambda: SimulatedEnv("u-shaped", size=200, seed=0), 1e-3, sleep=False)
+    for e in (sim, sleepy):
+        collect(make_allocator("ds", k=4), e, UniformSampler(200, seed=0), target_groups=4, seed=0)
+    assert sim.tokens == sleepy.tokens > 0
+    assert sim.clock == pytest.approx(sleepy.clock) == pytest.approx(1e-3 * sim.tokens)
+    assert sleepy.rates is sleepy.env.rates  # other attributes forwarded
 
 
 def test_async_beats_synchronous_rounds_in_wall_clock(runs):

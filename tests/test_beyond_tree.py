@@ -6,15 +6,11 @@ import pytest
 from sara import SimulatedEnv, UniformSampler, collect
 from sara.allocators import make_allocator, p_effective
 from sara.allocators.base import UnitTable
-from sara.allocators.tree import (
-    TreeEffectiveness,
-    TreeSimulatedEnv,
-    effective_size,
-    format_handle,
-    parse_handle,
-    tree_vs_flat,
-    water_fill,
-)
+from sara.allocators.tree import TreeEffectiveness, effective_size, water_fill
+from sara.bench.beyond import tree_vs_flat
+from sara.collect import WrongAbandons
+from sara.envs.sim.tree import TreeSimulatedEnv
+from sara.handles import format_handle, parse_handle
 from sara.testing import check_allocator
 from sara.types import Prompt, RolloutRequest
 
@@ -100,7 +96,8 @@ def test_sara_tree_conforms_with_and_without_handles():
 def test_groups_are_whole_trees_and_cheaper_in_tokens_than_flat_sara():
     def run(spec):
         env = TreeSimulatedEnv("u-shaped", size=6000, seed=2)
-        return collect(make_allocator(spec, k=8), env, UniformSampler(6000, seed=2), target_groups=128, seed=2)
+        return collect(make_allocator(spec, k=8), env, UniformSampler(6000, seed=2), target_groups=128, seed=2,
+                       observers=[WrongAbandons(env)])
 
     tree, flat = run("sara_tree:node_prefix=true"), run("sara")
     g = tree.groups[0]

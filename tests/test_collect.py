@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator
+from sara.collect import WrongAbandons
 from sara.config import ConfigError
 from sara.envs.sim.binary import make_population
 
@@ -26,7 +27,7 @@ def test_accounting_always_adds_up(alpha, beta, k, target, tau, probe, completio
     spec = {"sara": f"sara:tau_low={tau:.3f},probe={probe},completion={completion}", "ds": "ds:max_gen_batches=5",
             "uniform": "uniform"}[kind]
     res = collect(make_allocator(spec, k=k), env, UniformSampler(400, seed=seed), target_groups=target,
-                  max_rollouts=budget, seed=seed)
+                  max_rollouts=budget, seed=seed, observers=[WrongAbandons(env)])
     s = res.stats
     assert s.rollouts == s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts
     assert s.tokens == s.committed_tokens + s.abandoned_tokens + s.discarded_tokens
@@ -39,8 +40,7 @@ def test_accounting_always_adds_up(alpha, beta, k, target, tau, probe, completio
     assert all(1 <= g.size <= k for g in res.groups)
     ids = [g.group_id for g in res.groups + res.abandoned + res.discarded]
     assert len(ids) == len(set(ids))
-    if s.wrong_abandons is not None:
-        assert 0 <= s.wrong_abandons <= s.abandoned_groups
+    assert 0 <= s.wrong_abandons <= s.abandoned_groups
 
 
 def test_deterministic_and_round_independent_seeds():
@@ -90,12 +90,17 @@ def test_sampler_epochs_are_permutations():
 
 def test_wrong_abandons_counted_against_counterfactual():
     env = SimulatedEnv(np.full(500, 0.5), seed=0)  # every prompt is mixed with high probability
-    res = collect(make_allocator("sara:tau_low=0.6", k=8), env, UniformSampler(500), target_groups=50)
+    res = collect(make_allocator("sara:tau_low=0.6", k=8), env, UniformSampler(500), target_groups=50,
+                  observers=[WrongAbandons(env)])
     assert res.stats.abandoned_groups > 0
     assert res.stats.wrong_abandons == pytest.approx(res.stats.abandoned_groups, rel=0.1)
     env0 = SimulatedEnv(np.zeros(500))
-    res0 = collect(make_allocator("sara", k=8), env0, UniformSampler(500, epochs=1), target_groups=10)
+    res0 = collect(make_allocator("sara", k=8), env0, UniformSampler(500, epochs=1), target_groups=10,
+                   observers=[WrongAbandons(env0)])
     assert res0.stats.wrong_abandons == 0 and res0.stats.committed_groups == 0
+    # Without an observer the driver does not ask the environment (stays None), and the groups are the same.
+    plain = collect(make_allocator("sara:tau_low=0.6", k=8), env, UniformSampler(500), target_groups=50)
+    assert plain.stats.wrong_abandons is None and fingerprint(plain) == fingerprint(res)
 
 
 def test_populations():

@@ -8,6 +8,7 @@ import pytest
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator
 from sara.bench.allocation import AllocationBenchConfig, run_allocation_bench
 from sara.cli import main
+from sara.collect import WrongAbandons
 
 
 @pytest.mark.parametrize("a,b,tau", [(1.0, 1.0, 0.45), (0.15, 0.15, 0.2), (0.5, 2.0, 0.3)])
@@ -15,7 +16,7 @@ def test_wrong_abandon_rate_at_most_tau_low(a, b, tau):
     rates = np.random.default_rng(0).beta(a, b, 20_000)
     env = SimulatedEnv(rates)
     res = collect(make_allocator(f"sara:tau_low={tau},alpha0={a},beta0={b}", k=8), env, UniformSampler(len(rates)),
-                  target_groups=1500)
+                  target_groups=1500, observers=[WrongAbandons(env)])
     ab = res.stats.abandoned_groups
     assert ab > 200
     rate = res.stats.wrong_abandons / ab

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sara import UniformSampler, collect, make_allocator
-from sara.allocators.tree import format_handle
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.envs.tree import TreeTaskEnv, cut_segment
+from sara.handles import format_handle
 from sara.testing import check_allocator
 from sara.types import RolloutRequest
 
@@ -110,7 +110,7 @@ def test_sara_tree_grows_text_trees_through_collect():
 
 def test_real_tiny_backend_continues_traces():
     pytest.importorskip("torch")
-    from sara.envs.backends.tiny import TinyBackend
+    from sara.backends.tiny import TinyBackend
     from sara.policies.tiny import TinyPolicy
 
     backend = TinyBackend(TinyPolicy({"d_model": 32, "n_layers": 1, "n_heads": 2}))

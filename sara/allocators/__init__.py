@@ -16,16 +16,13 @@ from sara.allocators.base import (
     ConstantPrior,
     EffectivenessModel,
     Prior,
-    SequentialAllocator,
-    SequentialConfig,
-    UnitStatus,
-    UnitTable,
-    UnitView,
 )
 from sara.allocators.posteriors import p_effective
 from sara.allocators.samplers import SAMPLERS, PromptSampler, UniformSampler, make_sampler
 from sara.allocators.sara import SARAAllocator, SARAConfig
+from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingConfig, UniformAllocator
+from sara.allocators.units import UnitStatus, UnitTable, UnitView
 from sara.config import ConfigError
 from sara.registry import Registry
 from sara.types import Decision

@@ -25,8 +25,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from sara.allocators.base import Prior, SequentialAllocator, SequentialConfig, UnitView
+from sara.allocators.base import Prior
 from sara.allocators.posteriors import p_effective
+from sara.allocators.sequential import SequentialAllocator, SequentialConfig
+from sara.allocators.units import UnitView
 from sara.types import Decision
 
 __all__ = ["BayesOptimalAllocator", "BayesOptimalConfig", "StoppingPolicy", "policy_table", "solve_lagrangian"]

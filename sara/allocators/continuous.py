@@ -18,32 +18,24 @@ the prompt's rewards are (nearly) deterministic inside the range. The model:
 A prefix is *already effective* when its range exceeds ``eps * sqrt(2k)``: a set of k values with range R has std at
 least ``R / sqrt(2k)`` (two extremes, the rest at the midpoint), so the completed group is effective whatever comes.
 
-The simulator population: a prompt's latent rate ``p`` (any population of ``sara.envs.simulated``) maps to a reward
-location ``mu = (1 + 2 spread) p - spread``; rewards are ``clip(mu + noise * z, 0, 1)`` with ``z`` standard normal from
-the rollout seed, so easy and hopeless prompts pile up on the boundary atoms, as partial-credit rewards do.
+The simulator with continuous rewards is ``sara.envs.sim.continuous.make_continuous_env``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from pydantic import Field, model_validator
-from scipy.special import gammaincc, ndtri
+from pydantic import Field, field_validator, model_validator
+from scipy.special import gammaincc
 
 from sara.allocators.base import EffectivenessModel, Prior, UnitTable
 from sara.allocators.posteriors import log_p_all_succeed
 from sara.allocators.sara import SARAAllocator, SARAConfig
+from sara.deprecation import moved
 
-__all__ = [
-    "ContinuousConfig",
-    "ContinuousEffectiveness",
-    "ContinuousSARAAllocator",
-    "continuous_reward_fn",
-    "make_continuous_env",
-    "continuous_vs_ds",
-]
+__all__ = ["ContinuousConfig", "ContinuousEffectiveness", "ContinuousSARAAllocator"]
 
 
 class ContinuousEffectiveness(EffectivenessModel):
@@ -117,10 +109,18 @@ class ContinuousConfig(SARAConfig):
     sigma_scale: float = Field(0.01, gt=0.0)
     """Inverse-gamma scale of the interior reward variance (prior mean of sigma^2 for shape > 1)."""
 
+    @field_validator("prior")
+    @classmethod
+    def _only_constant_prior(cls, v: str) -> str:
+        if v != "constant":
+            raise ValueError("only 'constant' is supported (the reward model has its own prior: a_low, a_high, a_mid, "
+                             "sigma_shape, sigma_scale)")
+        return v
+
     @model_validator(mode="after")
     def _check_bounds(self) -> ContinuousConfig:
         if not self.high > self.low:
-            raise ValueError(f"high ({self.high}) must be greater than low ({self.low})")
+            raise ValueError(f"field 'high': must be greater than field 'low' (got high={self.high}, low={self.low})")
         return self
 
 
@@ -138,9 +138,6 @@ class ContinuousSARAAllocator(SARAAllocator):
     def __init__(self, config: ContinuousConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
                  **overrides: Any) -> None:
         super().__init__(config, prior=prior, **overrides)
-        if self.config.prior != "constant":
-            raise ValueError("sara_continuous: field 'prior': only 'constant' is supported (the reward model has its "
-                             "own prior: a_low, a_high, a_mid, sigma_shape, sigma_scale)")
         self._build_model()
 
     def _build_model(self) -> None:
@@ -154,40 +151,6 @@ class ContinuousSARAAllocator(SARAAllocator):
         self._build_model()
 
 
-def continuous_reward_fn(noise: float = 0.25, spread: float = 0.5, low: float = 0.0,
-                         high: float = 1.0) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """A ``SimulatedEnv`` ``reward_fn``: ``clip(mu + noise * z, low, high)``, ``mu = (1 + 2 spread) p - spread``.
-
-    Args:
-        noise: Per-rollout std of the reward before clipping (in units of ``high - low``).
-        spread: How far beyond the bounds the locations of the easiest / hardest prompts lie.
-        low, high: Reward bounds.
-    """
-    if noise < 0 or spread < 0 or not high > low:
-        raise ValueError("continuous_reward_fn: need noise >= 0, spread >= 0 and high > low")
-
-    def reward_fn(rates: np.ndarray, u: np.ndarray, seeds: np.ndarray) -> np.ndarray:
-        z = ndtri(np.clip(u, 1e-12, 1 - 1e-12))
-        mu = (1.0 + 2.0 * spread) * rates - spread
-        return low + (high - low) * np.clip(mu + noise * z, 0.0, 1.0)
-
-    return reward_fn
-
-
-def make_continuous_env(population: str | np.ndarray = "u-shaped", *, size: int = 10_000, seed: int = 0,
-                        noise: float = 0.25, spread: float = 0.5, **env_options: Any):
-    """A ``SimulatedEnv`` with continuous rewards in [0, 1] (see ``continuous_reward_fn``)."""
-    from sara.envs.sim.binary import SimulatedEnv
-
-    return SimulatedEnv(population, size=size, seed=seed, reward_fn=continuous_reward_fn(noise, spread),
-                        **env_options)
-
-
-def continuous_vs_ds(population: str = "u-shaped", *, pool_size: int = 20_000, target_groups: int = 512,
-                     seeds: int = 3, k: int = 8, noise: float = 0.25,
-                     specs: tuple[str, ...] = ("ds", "sara_continuous", "sara_continuous:tau_low=0.2")) -> list[dict]:
-    """Rollouts per effective group (std > eps) on the continuous-reward simulator; ratios relative to the first."""
-    from sara.bench.allocation import compare_on_env
-
-    return compare_on_env(specs, lambda s: make_continuous_env(population, size=pool_size, seed=s, noise=noise),
-                          pool_size=pool_size, target_groups=target_groups, seeds=seeds, k=k)
+# Moved (deprecated paths, resolved lazily so the allocators never import the simulators or the benchmarks).
+__getattr__ = moved(__name__, {"continuous_reward_fn": "sara.envs.sim.continuous",
+                               "make_continuous_env": "sara.envs.sim.continuous", "continuous_vs_ds": "sara.bench.beyond"})

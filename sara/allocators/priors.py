@@ -28,6 +28,7 @@ import numpy as np
 
 from sara.allocators.base import ConstantPrior, Prior, UnitTable, UnitView
 from sara.allocators.posteriors import fit_beta_marginal_likelihood, fit_beta_moments
+from sara.config import ConfigError
 
 __all__ = ["EmpiricalBayesPrior", "HistoryPrior", "make_prior", "prior_p_eff", "refresh_units", "refreshed_view", "PRIOR_KINDS"]
 
@@ -49,9 +50,9 @@ class EmpiricalBayesPrior(Prior):
     def __init__(self, alpha0: float = 1.0, beta0: float = 1.0, *, method: str = "ml", window: int = 4,
                  min_units: int = 32, refit_growth: float = 1.25) -> None:
         if method not in ("ml", "moments"):
-            raise ValueError(f"EmpiricalBayesPrior: field 'method': must be 'ml' or 'moments' (got {method!r})")
+            raise ConfigError(f"EmpiricalBayesPrior: field 'method': must be 'ml' or 'moments' (got {method!r})")
         if window < 1:
-            raise ValueError(f"EmpiricalBayesPrior: field 'window': must be >= 1 (got {window})")
+            raise ConfigError(f"EmpiricalBayesPrior: field 'window': must be >= 1 (got {window})")
         self.init = (float(alpha0), float(beta0))
         self.alpha0, self.beta0 = self.init
         self.method = method
@@ -141,7 +142,7 @@ class HistoryPrior(Prior):
 
     def __init__(self, decay: float = 0.7, base: Prior | None = None, *, max_evidence: float = 64.0) -> None:
         if not 0.0 < decay <= 1.0:
-            raise ValueError(f"HistoryPrior: field 'decay': must be in (0, 1] (got {decay})")
+            raise ConfigError(f"HistoryPrior: field 'decay': must be in (0, 1] (got {decay})")
         self.decay = float(decay)
         self.base: Prior = base if base is not None else EmpiricalBayesPrior()
         self.max_evidence = float(max_evidence)
@@ -235,7 +236,7 @@ def make_prior(kind: str, *, alpha0: float = 1.0, beta0: float = 1.0, decay: flo
         return EmpiricalBayesPrior(alpha0, beta0)
     if kind == "history":
         return HistoryPrior(decay, EmpiricalBayesPrior(alpha0, beta0), max_evidence=max_evidence)
-    raise ValueError(f"unknown prior {kind!r}; known: {', '.join(PRIOR_KINDS)}")
+    raise ConfigError(f"prior: field 'prior': unknown prior {kind!r}; known: {', '.join(PRIOR_KINDS)}")
 
 
 def refresh_units(prior: Prior, table: UnitTable) -> bool:

@@ -8,7 +8,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from sara.allocators.base import Prior, SequentialAllocator, SequentialConfig, UnitView
+from sara.allocators.base import Prior
+from sara.allocators.sequential import SequentialAllocator, SequentialConfig
+from sara.allocators.units import UnitView
 from sara.types import Decision
 
 __all__ = ["SARAAllocator", "SARAConfig"]

@@ -8,8 +8,8 @@ tree-aware environment puts each leaf's branch into ``Rollout.metadata["branch"]
 per-subtree baselines; nothing else changes for them.
 
 **Allocation: decisions per node.** The unit table holds one row per tree (its leaves' sufficient statistics, so
-SARA's tree-level rule and every prior work unchanged) and the allocator keeps per-node state beside it: leaves and
-successes under each branch node. Each round:
+SARA's tree-level rule and every prior work unchanged) and the allocator keeps per-node state beside it: the leaves under
+each branch node. Each round:
 
 * tree level (SARA's rule): COMMIT a mixed tree, ABANDON when p_eff < tau_low, else CONTINUE;
 * node level, for a tree that continues: every new leaf goes to the node that buys the most evidence per token: a
@@ -27,58 +27,26 @@ independent rollouts' worth of evidence, for the observed prefix (actual leaves 
 (the fill's final shape), in the Beta-Binomial closed form with non-integer counts. With ``rho = 0`` it is exactly
 ``sara``.
 
-**Simulator.** ``TreeSimulatedEnv``: a prompt of success rate ``p`` gives branch ``c`` of a tree its own rate
-``q_c ~ Beta(kappa p, kappa (1 - p))`` (within-branch correlation ``1 / (kappa + 1)``); leaves are Bernoulli(q_c).
-A branch's shared segment (``prefix_fraction`` of a rollout's tokens) is generated once, with the leaf that opens
-the branch. Tree identity and node choices reach the environment through the request prefix: with
-``node_prefix=true`` the allocator sends a node handle ``<tree:STEP.UNIT:B:+0,0,+1>`` (the branch node of each leaf
-of the request, ``+`` = this leaf opens the branch) instead of text; requests without a handle are independent
-rollouts (flat sampling, the baseline). Text backends: ``TreeTaskEnv`` (``sara.envs.tree``) turns handles into
-partial traces (the opening leaf's first segment becomes the branch prefix; deepening leaves continue it).
+Node choices reach a tree-aware environment as node handles (``sara.handles``) when ``node_prefix=true``; the
+simulator is ``sara.envs.sim.tree.TreeSimulatedEnv``, text backends use ``sara.envs.tree.TreeTaskEnv``.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import Field
-from scipy.special import betaincinv
 
 from sara.allocators.base import EffectivenessModel, UnitStatus, UnitTable
 from sara.allocators.posteriors import log_p_all_fail, log_p_all_succeed
 from sara.allocators.sara import SARAAllocator, SARAConfig
-from sara.seeding import derive_seeds, uniform_from_seeds
-from sara.types import Rollout, RolloutRequest
+from sara.deprecation import moved
+from sara.handles import format_handle, parse_handle
 
-__all__ = ["TreeConfig", "TreeEffectiveness", "TreeSARAAllocator", "TreeSimulatedEnv", "branch_of",
-           "effective_size", "effective_size_of", "format_handle", "parse_handle", "tree_vs_flat", "water_fill"]
-
-_HANDLE = re.compile(r"^<tree:(\d+)\.(\d+):(\d+):(\+?\d+(?:,\+?\d+)*)>$")
-
-
-def format_handle(step: int, unit: int, branches: int, leaves: Sequence[int], opens: Sequence[bool]) -> str:
-    """Node handle of one request: the branch node of each leaf, ``+`` where the leaf opens its branch."""
-    body = ",".join(("+" if o else "") + str(int(c)) for c, o in zip(leaves, opens))
-    return f"<tree:{int(step)}.{int(unit)}:{int(branches)}:{body}>"
-
-
-def parse_handle(prefix: str) -> tuple[int, int, int, list[int], list[bool]] | None:
-    """``(step, unit, branches, leaf branches, opens)`` of a node handle, or None for anything else."""
-    m = _HANDLE.match(prefix) if prefix else None
-    if m is None:
-        return None
-    items = m.group(4).split(",")
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), [int(x.lstrip("+")) for x in items],
-            [x.startswith("+") for x in items])
-
-
-def branch_of(j: ArrayLike, branches: int) -> np.ndarray:
-    """Branch of leaf ``j`` under the round-robin schedule (breadth first, then level by level)."""
-    return np.asarray(j, np.int64) % branches
+__all__ = ["TreeConfig", "TreeEffectiveness", "TreeSARAAllocator", "effective_size", "effective_size_of",
+           "format_handle", "parse_handle", "water_fill"]
 
 
 def effective_size(n: ArrayLike, branches: int, rho: float) -> np.ndarray:
@@ -302,118 +270,5 @@ def _rank_within(ids: np.ndarray) -> np.ndarray:
     return rank
 
 
-class TreeSimulatedEnv:
-    """Tree-structured simulated rollouts with correlated rewards within a branch (see module docstring).
-
-    Args:
-        rates: Success rate per prompt, or a population spec of ``sara.envs.simulated``.
-        size: Pool size for a named population.
-        seed: Seed of the population and of the branch rates.
-        kappa: Branch-rate concentration; within-branch leaf correlation is ``1 / (kappa + 1)``.
-        prefix_fraction: Share of a rollout's tokens in its branch's shared segment.
-        **env_options: ``SimulatedEnv`` options (token-length model).
-    """
-
-    def __init__(self, rates: ArrayLike | str, *, size: int = 10_000, seed: int = 0, kappa: float = 2.0,
-                 prefix_fraction: float = 0.5, **env_options: Any) -> None:
-        from sara.envs.sim.binary import SimulatedEnv
-
-        if kappa <= 0 or not 0.0 <= prefix_fraction < 1.0:
-            raise ValueError("TreeSimulatedEnv: need kappa > 0 and 0 <= prefix_fraction < 1")
-        self.flat = SimulatedEnv(rates, size=size, seed=seed, **env_options)
-        self.rates = self.flat.rates
-        self.prompts = self.flat.prompts
-        self.kappa, self.prefix_fraction, self.seed = float(kappa), float(prefix_fraction), int(seed)
-        self._trees: dict[int, tuple[int, int]] = {}  # seed of a tree's first leaf -> (tree key, branches)
-        self._nodes: dict[int, list[int]] = {}  # tree key -> branch node of each leaf so far
-        self._step = -1
-
-    def _leaf_rewards(self, pool: np.ndarray, seeds: np.ndarray, tree: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Rewards of leaves under branch ``c`` of ``tree`` (``tree`` = -1 marks an independent rollout)."""
-        p = np.clip(self.rates[pool], 1e-9, 1 - 1e-9)
-        ub = uniform_from_seeds(derive_seeds(self.seed, pool, tree, c), stream=5)
-        q = np.where(tree >= 0, betaincinv(self.kappa * p, self.kappa * (1 - p), ub), self.rates[pool])
-        return (uniform_from_seeds(seeds, stream=1) < q).astype(np.float64)
-
-    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
-        if not requests:
-            return []
-        tree_l: list[int] = []
-        node_l: list[int] = []
-        open_l: list[bool] = []
-        for r in requests:
-            h = parse_handle(r.prefix)
-            if h is None:
-                tree_l += [-1] * r.n
-                node_l += [-1] * r.n
-                open_l += [False] * r.n
-                continue
-            step, unit, branches, nodes, opens = h
-            if len(nodes) < r.n:
-                raise ValueError(f"tree handle {r.prefix!r} names {len(nodes)} leaves for a request of {r.n}")
-            key = step * 1_000_003 + unit
-            if step > self._step:  # keep the node records of the running and the previous step only
-                self._step = step
-                self._nodes = {t: v for t, v in self._nodes.items() if t // 1_000_003 >= step - 1}
-                self._trees = {s0: v for s0, v in self._trees.items() if v[0] in self._nodes}
-            seen = self._nodes.setdefault(key, [])
-            if not seen:
-                self._trees[int(r.seeds[0])] = (key, branches)
-            seen.extend(nodes[: r.n])
-            tree_l += [key] * r.n
-            node_l += nodes[: r.n]
-            open_l += opens[: r.n]
-        counts = np.fromiter((r.n for r in requests), np.int64, count=len(requests))
-        pool = np.repeat(np.fromiter((r.pool_index for r in requests), np.int64, count=len(requests)), counts)
-        seeds = np.fromiter((s for r in requests for s in r.seeds), np.uint64, count=int(counts.sum()))
-        tree, c, opened = np.asarray(tree_l, np.int64), np.asarray(node_l, np.int64), np.asarray(open_l, bool)
-        rewards = self._leaf_rewards(pool, seeds, tree, c)
-        full = self.flat.num_tokens(rewards, seeds).astype(np.float64)
-        # Shared segment of the branch: generated once, with the leaf that opens the branch.
-        seg = self.prefix_fraction * self.flat.config.mean_tokens * np.exp(
-            0.3 * (uniform_from_seeds(derive_seeds(self.seed, pool, tree, c), stream=6) - 0.5))
-        tokens = np.where(tree >= 0, (1 - self.prefix_fraction) * full + np.where(opened, seg, 0.0), full)
-        tokens = np.maximum(np.rint(tokens), 1).astype(np.int64)
-        out: list[list[Rollout]] = []
-        pos = 0
-        for req, n in zip(requests, counts.tolist()):
-            out.append([Rollout(prompt_id=req.prompt.id, pool_index=req.pool_index, completion="",
-                                reward=float(rewards[x]), num_tokens=int(tokens[x]), seed=int(seeds[x]),
-                                metadata={"branch": int(c[x])} if c[x] >= 0 else {})
-                        for x in range(pos, pos + n)])
-            pos += n
-        return out
-
-    def counterfactual_mixed(self, pool_index: np.ndarray, seeds: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-        """For analysis: would each tree (row of ``seeds [m, k]``), grown to k leaves, have been effective? Its
-        realized leaves keep their branch nodes; the missing ones are added level by level (the allocator's fill)."""
-        m, k = seeds.shape
-        tree = np.full((m, k), -1, np.int64)
-        node = np.full((m, k), -1, np.int64)
-        for i, s0 in enumerate(seeds[:, 0].tolist()):
-            if int(s0) not in self._trees:
-                continue
-            key, branches = self._trees[int(s0)]
-            nodes = list(self._nodes[key][:k])
-            per = np.bincount(np.asarray(nodes, np.int64), minlength=branches)[:branches].astype(np.int64)
-            while len(nodes) < k:
-                c = int(np.argmin(per))
-                per[c] += 1
-                nodes.append(c)
-            tree[i], node[i] = key, nodes
-        pool = np.repeat(np.asarray(pool_index, np.int64), k)
-        r = self._leaf_rewards(pool, seeds.reshape(-1), tree.reshape(-1), node.reshape(-1))
-        return r.reshape(m, k).std(axis=1) > eps
-
-
-def tree_vs_flat(population: str = "u-shaped", *, pool_size: int = 20_000, target_groups: int = 512, seeds: int = 3,
-                 k: int = 8, kappa: float = 2.0, prefix_fraction: float = 0.5,
-                 specs: Sequence[str] = ("ds", "sara", "sara_tree:node_prefix=true,nodes=round_robin",
-                                         "sara_tree:node_prefix=true")) -> list[dict[str, Any]]:
-    """Rollouts and tokens per effective group on ``TreeSimulatedEnv`` (trees for specs that send handles, flat
-    independent rollouts for the others), same pools and seeds; ratios relative to the first spec."""
-    from sara.bench.allocation import compare_on_env
-
-    return compare_on_env(specs, lambda s: TreeSimulatedEnv(population, size=pool_size, seed=s, kappa=kappa,
-                                                            prefix_fraction=prefix_fraction),
-                          pool_size=pool_size, target_groups=target_groups, seeds=seeds, k=k)
+# Moved (deprecated paths, resolved lazily so the allocators never import the simulators or the benchmarks).
+__getattr__ = moved(__name__, {"TreeSimulatedEnv": "sara.envs.sim.tree", "tree_vs_flat": "sara.bench.beyond"})

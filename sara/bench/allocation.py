@@ -27,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from sara.allocators import make_allocator, make_sampler
 from sara.allocators.samplers import PromptSampler
-from sara.collect import collect
+from sara.bench.summary import group_ratios
+from sara.collect import WrongAbandons, collect
+from sara.config import SaraModel
 from sara.envs.sim.binary import SimulatedEnv
 from sara.metrics import save_figure
 from sara.types import CollectStats
@@ -39,21 +42,31 @@ __all__ = ["AllocationBenchConfig", "AllocatorResult", "OracleSampler", "compare
            "format_table", "plot_results"]
 
 
-@dataclass
-class AllocationBenchConfig:
-    """Options of ``sara bench allocation`` (validated by the CLI; see ``--help``)."""
+class AllocationBenchConfig(SaraModel):
+    """Options of ``sara bench allocation`` (the CLI's flags; invalid values raise ``ConfigError`` naming the field)."""
 
     population: str = "u-shaped"
-    k: int = 8
-    target_groups: int = 512
-    seeds: int = 3
-    pool_size: int = 20_000
-    steps: int = 1
-    allocators: Sequence[str] = ("uniform", "ds", "sara:tau_low=0.45,probe=1")
+    """Success-rate population: u-shaped | mid-training | uniform | beta:A,B | file:PATH (one rate per line)."""
+    k: int = Field(8, ge=2)
+    """Group size."""
+    target_groups: int = Field(512, ge=1)
+    """Committed groups per step."""
+    seeds: int = Field(3, ge=1)
+    """Independent pools (seeds 0..N-1)."""
+    pool_size: int = Field(20_000, ge=1)
+    """Prompts per simulated pool."""
+    steps: int = Field(1, ge=1)
+    """Collection steps per seed (ignored in multi-step mode, see ``epochs``)."""
+    allocators: tuple[str, ...] = Field(("uniform", "ds", "sara:tau_low=0.45,probe=1"), min_length=1)
+    """Allocator specs to compare; a spec may carry its own sampler as ``spec@sampler``."""
     sampler: str = "uniform"
+    """Prompt sampler spec of every allocator without ``@`` (the reference samples uniformly unless written with ``@``)."""
     reference: str = "ds"
-    epochs: float | None = None
-    drift: float = 0.0
+    """The reference allocator of the ratios (added to the run if not among ``allocators``)."""
+    epochs: float | None = Field(None, gt=0.0)
+    """Multi-step mode: ``ceil(epochs x pool_size / target_groups)`` steps over the same pool; reports starvation."""
+    drift: float = Field(0.0, ge=0.0)
+    """Per-step drift of success rates on the logit scale, larger for trained prompts (``drift_rates``)."""
 
 
 @dataclass
@@ -115,6 +128,9 @@ class OracleSampler(PromptSampler):
         self._taken[:] = False
 
 
+_ROW_KEYS = ("rollouts_per_effective_group", "tokens_per_effective_group", "wrong_abandon_rate", "waste_fraction")
+
+
 def compare_on_env(specs: Sequence[str], make_env: Callable[[int], Any], *, pool_size: int, target_groups: int,
                    seeds: int, k: int) -> list[dict[str, Any]]:
     """One collection step per spec and seed on ``make_env(seed)`` (same pools, same rollout seeds): rollouts and
@@ -123,14 +139,12 @@ def compare_on_env(specs: Sequence[str], make_env: Callable[[int], Any], *, pool
 
     rows = []
     for spec in specs:
-        stats = [collect(make_allocator(spec, k=k), make_env(s), UniformSampler(pool_size, seed=s),
-                         target_groups=target_groups, seed=s).stats for s in range(seeds)]
-        eff = sum(s.effective_groups for s in stats)
-        ab = sum(s.abandoned_groups for s in stats)
-        rows.append({"allocator": spec, "rollouts_per_effective_group": sum(s.rollouts for s in stats) / eff,
-                     "tokens_per_effective_group": sum(s.tokens for s in stats) / eff,
-                     "wrong_abandon_rate": sum(s.wrong_abandons or 0 for s in stats) / ab if ab else 0.0,
-                     "waste_fraction": 1 - sum(s.effective_rollouts for s in stats) / sum(s.rollouts for s in stats)})
+        stats = []
+        for s in range(seeds):
+            env = make_env(s)
+            stats.append(collect(make_allocator(spec, k=k), env, UniformSampler(pool_size, seed=s),
+                                 target_groups=target_groups, seed=s, observers=[WrongAbandons(env)]).stats)
+        rows.append({"allocator": spec, **{key: v for key, v in group_ratios(stats).items() if key in _ROW_KEYS}})
     for r in rows:
         r["ratio_vs_first"] = r["rollouts_per_effective_group"] / rows[0]["rollouts_per_effective_group"]
         r["token_ratio_vs_first"] = r["tokens_per_effective_group"] / rows[0]["tokens_per_effective_group"]
@@ -156,13 +170,14 @@ def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[Col
     visits = np.zeros(len(env.prompts), np.int64)
     stats = []
     for t in range(num_steps(cfg)):
-        res = collect(allocator, env, sampler, target_groups=cfg.target_groups, seed=seed, step=t)
+        res = collect(allocator, env, sampler, target_groups=cfg.target_groups, seed=seed, step=t,
+                      observers=[WrongAbandons(env)])
         stats.append(res.stats)
         for g in (*res.groups, *res.abandoned, *res.discarded):
             visits[g.pool_index] += 1
         if cfg.drift:
             trained = np.zeros(len(env.rates))
-            trained[[g.pool_index for g in res.groups if g.is_effective(allocator.config.eps)]] = 1.0
+            trained[[g.pool_index for g in res.groups if g.is_effective(allocator.eps)]] = 1.0
             env.rates = drift_rates(env.rates, trained, cfg.drift, rng)
     return stats, visits
 
@@ -174,23 +189,23 @@ def _aggregate(spec: str, runs: list[tuple[list[CollectStats], np.ndarray]]) -> 
     def tot(name: str) -> float:
         return float(sum(getattr(s, name) or 0 for s in flat))
 
-    eff = max(tot("effective_groups"), 1.0)
     reasons: dict[str, int] = {}
     for s in flat:
         reasons[s.stop_reason] = reasons.get(s.stop_reason, 0) + 1
+    ratios = group_ratios(flat)
     return {
         "allocator": spec,
-        "rollouts_per_effective_group": tot("rollouts") / eff,
-        "tokens_per_effective_group": tot("tokens") / eff,
-        "wrong_abandon_rate": tot("wrong_abandons") / tot("abandoned_groups") if tot("abandoned_groups") else 0.0,
+        "rollouts_per_effective_group": ratios["rollouts_per_effective_group"],
+        "tokens_per_effective_group": ratios["tokens_per_effective_group"],
+        "wrong_abandon_rate": ratios["wrong_abandon_rate"],
         "rounds_per_step": tot("rounds") / len(flat),
         "allocator_seconds_per_decision": tot("allocator_seconds") / max(tot("decisions"), 1.0),
-        "waste_fraction": 1.0 - tot("effective_rollouts") / tot("rollouts") if tot("rollouts") else 0.0,
-        "effective_fraction": tot("effective_groups") / max(tot("committed_groups"), 1.0),
-        "abandon_rate": tot("abandoned_groups") / max(tot("prompts_drawn"), 1.0),
+        "waste_fraction": ratios["waste_fraction"],
+        "effective_fraction": ratios["effective_fraction"],
+        "abandon_rate": ratios["abandon_rate"],
         "rollouts": int(tot("rollouts")),
         "effective_groups": int(tot("effective_groups")),
-        "_per_seed_rpeg": [sum(s.rollouts for s in ss) / max(sum(s.effective_groups for s in ss), 1) for ss in per_seed],
+        "_per_seed_rpeg": [group_ratios(ss)["rollouts_per_effective_group"] for ss in per_seed],
         "stop_reasons": reasons,
         "starvation_rate": float(np.mean([np.mean(v == 0) for _, v in runs])),
         "never_revisited_rate": float(np.mean([np.mean(v <= 1) for _, v in runs])),
@@ -212,7 +227,7 @@ def run_allocation_bench(cfg: AllocationBenchConfig) -> dict[str, Any]:
         r["token_ratio_vs_ds"] = r["tokens_per_effective_group"] / ref["tokens_per_effective_group"]
         r["ratio_vs_ds_per_seed"] = [a / b for a, b in zip(per_seed, ref["_per_seed_rpeg"])]
         results.append(asdict(AllocatorResult(**r)))
-    return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+    return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.model_dump().items()},
             "reference_added": ref_added, "results": results}
 
 

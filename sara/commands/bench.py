@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sara.config import ConfigError
+from sara.config import validate_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,18 +75,10 @@ def _allocation(args: argparse.Namespace) -> int:
         write_json,
     )
 
-    if args.epochs is not None and args.epochs <= 0:
-        raise ConfigError(f"bench allocation: field 'epochs': must be > 0 (got {args.epochs})")
-    if args.drift < 0:
-        raise ConfigError(f"bench allocation: field 'drift': must be >= 0 (got {args.drift})")
-    for name in ("k", "target_groups", "seeds", "pool_size", "steps"):
-        if getattr(args, name) < (2 if name == "k" else 1):
-            raise ConfigError(f"bench allocation: field '{name}': must be >= {2 if name == 'k' else 1} "
-                              f"(got {getattr(args, name)})")
-    cfg = AllocationBenchConfig(population=args.population, k=args.k, target_groups=args.target_groups,
-                                seeds=args.seeds, pool_size=args.pool_size, steps=args.steps,
-                                allocators=split_specs(args.allocators), sampler=args.sampler,
-                                epochs=args.epochs, drift=args.drift)
+    cfg = validate_config(AllocationBenchConfig, dict(
+        population=args.population, k=args.k, target_groups=args.target_groups, seeds=args.seeds,
+        pool_size=args.pool_size, steps=args.steps, allocators=split_specs(args.allocators), sampler=args.sampler,
+        epochs=args.epochs, drift=args.drift), what="bench allocation")
     report = run_allocation_bench(cfg)
     print(format_table(report))
     out = Path(args.out)

@@ -1,7 +1,7 @@
 """``TreeTaskEnv``: tree-structured rollouts on a real text backend (the text side of ``sara_tree``).
 
 ``sara_tree:node_prefix=true`` sends, per tree and round, a node handle that names the branch node of every leaf
-(``sara.allocators.tree.format_handle``). This environment turns handles into text:
+(``sara.handles.format_handle``). This environment turns handles into text:
 
 * a leaf that **opens** branch c is an ordinary completion of the prompt; its first ``segment_fraction`` of
   characters (cut back to a whitespace boundary) becomes branch c's partial trace;
@@ -23,8 +23,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sara.allocators.tree import parse_handle
 from sara.envs.task_env import TaskEnv
+from sara.handles import parse_handle
 from sara.types import Rollout, RolloutRequest
 
 __all__ = ["TreeTaskEnv", "cut_segment"]

@@ -1,0 +1,109 @@
+"""The per-step unit table: one row per allocation unit (a prompt, or a tree), every column a numpy array."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["UnitStatus", "UnitTable", "UnitView"]
+
+
+class UnitStatus:
+    """Status codes of the unit table (``np.int8``)."""
+
+    PROBING = 0
+    FILLING = 1
+    COMMITTED = 2
+    ABANDONED = 3
+    DISCARDED = 4
+
+
+@dataclass
+class UnitTable:
+    """Per-unit arrays of one step. Unit ids are row indices (0, 1, 2, ... in admission order).
+
+    Attributes:
+        pool_index: Prompt index in the pool, ``[M] int64``.
+        n: Rollouts observed, ``[M] int64``.
+        rsum: Sum of rewards, ``[M] float64`` (successes for binary rewards).
+        rsq: Sum of squared rewards, ``[M] float64``.
+        rmin / rmax: Running min / max reward, ``[M] float64``.
+        status: ``UnitStatus`` code, ``[M] int8``.
+        probes: Probing rounds the unit has been through, ``[M] int64``.
+        prior: Per-unit prior parameters (e.g. ``{"alpha0": [M], "beta0": [M]}``), set at admission.
+        extra: Free per-unit arrays for subclasses (tree parent ids, depth, ...).
+    """
+
+    pool_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    rsum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    rsq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    rmin: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    rmax: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    status: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    probes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    prior: dict[str, np.ndarray] = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    def add(self, pool_index: np.ndarray, prior: Mapping[str, np.ndarray] | None = None,
+            extra: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """Append units for ``pool_index``; returns their unit ids."""
+        m = len(pool_index)
+        start = len(self)
+        self.pool_index = np.concatenate([self.pool_index, np.asarray(pool_index, np.int64)])
+        self.n = np.concatenate([self.n, np.zeros(m, np.int64)])
+        self.rsum = np.concatenate([self.rsum, np.zeros(m)])
+        self.rsq = np.concatenate([self.rsq, np.zeros(m)])
+        self.rmin = np.concatenate([self.rmin, np.full(m, np.inf)])
+        self.rmax = np.concatenate([self.rmax, np.full(m, -np.inf)])
+        self.status = np.concatenate([self.status, np.zeros(m, np.int8)])
+        self.probes = np.concatenate([self.probes, np.zeros(m, np.int64)])
+        for table, given in ((self.prior, prior or {}), (self.extra, extra or {})):
+            for key in set(table) | set(given):
+                new = np.broadcast_to(np.asarray(given[key]), (m,)) if key in given else np.zeros(m)
+                old = table.get(key, np.zeros(start, new.dtype))
+                table[key] = np.concatenate([old, new.astype(old.dtype, copy=False)])
+        return np.arange(start, start + m, dtype=np.int64)
+
+    def update(self, unit_ids: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        """Fold flat observations into the sufficient statistics; returns the distinct touched unit ids."""
+        unit_ids = np.asarray(unit_ids, np.int64)
+        rewards = np.asarray(rewards, np.float64)
+        np.add.at(self.n, unit_ids, 1)
+        np.add.at(self.rsum, unit_ids, rewards)
+        np.add.at(self.rsq, unit_ids, rewards * rewards)
+        np.minimum.at(self.rmin, unit_ids, rewards)
+        np.maximum.at(self.rmax, unit_ids, rewards)
+        return np.unique(unit_ids)
+
+    def std(self, idx: np.ndarray) -> np.ndarray:
+        """Population std of each unit's rewards so far."""
+        n = np.maximum(self.n[idx], 1)
+        mean = self.rsum[idx] / n
+        return np.sqrt(np.maximum(self.rsq[idx] / n - mean * mean, 0.0))
+
+
+@dataclass(frozen=True)
+class UnitView:
+    """Read-only view of some units handed to ``SequentialAllocator.decide``.
+
+    Attributes:
+        ids: Unit ids ``[m]``.
+        n: Rollouts observed ``[m]``.
+        s: Reward sums ``[m]`` (successes for binary rewards).
+        k: Full group size.
+        p_eff: Predictive probability that the completed group is effective ``[m]`` (from the effectiveness model).
+        table: The whole unit table (for rules that need more columns).
+    """
+
+    ids: np.ndarray
+    n: np.ndarray
+    s: np.ndarray
+    k: int
+    p_eff: np.ndarray
+    table: UnitTable

@@ -1,0 +1,41 @@
+"""One aggregation of collection statistics: rollouts and tokens per effective group, and the fractions beside them.
+
+Every benchmark (``sara bench allocation``, the ``*_vs_*`` comparisons, ``sara matrix``'s table) sums the counts of its
+steps / seeds first and divides once (a ratio of sums, not a mean of per-step ratios).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["group_ratios"]
+
+_COUNTS = ("rollouts", "tokens", "effective_groups", "committed_groups", "abandoned_groups", "effective_rollouts",
+           "wrong_abandons", "prompts_drawn")
+
+
+def _get(item: Any, name: str) -> float:
+    value = item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
+    return float(value or 0)
+
+
+def group_ratios(items: Iterable[Any]) -> dict[str, float]:
+    """Ratios of summed counts over ``items`` (``CollectStats`` or mappings with the same names; missing = 0).
+
+    Returns ``rollouts_per_effective_group``, ``tokens_per_effective_group`` (0 effective groups count as 1),
+    ``effective_fraction`` (effective / committed groups), ``waste_fraction`` (rollouts outside effective groups /
+    all rollouts), ``wrong_abandon_rate`` (wrong abandons / abandoned groups) and ``abandon_rate`` (abandoned groups /
+    prompts drawn); 0.0 where the denominator is 0.
+    """
+    items = list(items)
+    tot = {name: sum(_get(x, name) for x in items) for name in _COUNTS}
+    eff = max(tot["effective_groups"], 1.0)
+    return {
+        "rollouts_per_effective_group": tot["rollouts"] / eff,
+        "tokens_per_effective_group": tot["tokens"] / eff,
+        "effective_fraction": tot["effective_groups"] / max(tot["committed_groups"], 1.0),
+        "waste_fraction": 1.0 - tot["effective_rollouts"] / tot["rollouts"] if tot["rollouts"] else 0.0,
+        "wrong_abandon_rate": tot["wrong_abandons"] / tot["abandoned_groups"] if tot["abandoned_groups"] else 0.0,
+        "abandon_rate": tot["abandoned_groups"] / max(tot["prompts_drawn"], 1.0),
+    }
