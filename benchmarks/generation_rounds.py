@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--json", default="runs/bench-generation-rounds.json")
     args = ap.parse_args()
 
-    from sara.envs.backends import make_backend
+    from sara.backends import make_backend
     from sara.envs.base import GenerationRequest, SamplingConfig
     from sara.envs.tasks import make_task
 

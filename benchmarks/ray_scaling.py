@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator
-from sara.envs.backends.ray_pool import LatencyEnv, RayEnvPool, init_ray
+from sara.backends.ray import RayEnvPool, init_ray
+from sara.envs.sim.latency import LatencyEnv
 
 
 def run(env, steps: int, target: int, k: int) -> dict[str, float]:
