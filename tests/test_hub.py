@@ -1,4 +1,4 @@
-"""Offline model preparation (``sara.models``) and ``sara model prepare``."""
+"""Offline model preparation (``sara.hub``, was ``sara.models``) and ``sara model prepare``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from sara import models
-from sara.models import (
+from sara import hub as models
+from sara.hub import (
     ModelPrepareError,
     RegistryUnreachableError,
     is_prepared,
@@ -85,7 +85,28 @@ def test_prepared_model_directory_is_plain_and_cached(monkeypatch):
 
 
 def test_importing_sara_stays_light():
-    code = ("import sys, sara, sara.models, sara.envs.backends, sara.policies, sara.testing; "
+    code = ("import sys, sara, sara.hub, sara.backends, sara.backends.ray, sara.backends.ray.config, sara.models, "
+            "sara.envs.backends, sara.policies, sara.testing; "
             "heavy = [m for m in ('torch', 'transformers', 'vllm', 'ray') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_old_import_paths_still_work_with_a_deprecation_warning():
+    import sara.backends
+    import sara.hub
+
+    with pytest.warns(DeprecationWarning, match=r"sara\.models\.prepare_model moved to sara\.hub"):
+        from sara.models import prepare_model as old_prepare
+    assert old_prepare is sara.hub.prepare_model
+    with pytest.warns(DeprecationWarning, match=r"sara\.envs\.backends\.\w+ moved to sara\.backends"):
+        from sara.envs.backends import BACKENDS, make_backend
+    assert BACKENDS is sara.backends.BACKENDS and make_backend is sara.backends.make_backend
+    with pytest.raises(ImportError):
+        from sara.envs.backends import no_such_name  # noqa: F401
+
+
+def test_backends_registry_has_no_ray_entry():
+    from sara.backends import BACKENDS
+
+    assert sorted(BACKENDS.names()) == ["hf", "tiny", "vllm"]  # Ray is ray.enabled / RayRolloutPool, not an entry
