@@ -1,6 +1,7 @@
 """Multi-step allocation benchmark options (issue 5): --epochs / --drift / samplers / starvation fields."""
 
 import numpy as np
+import pytest
 
 from sara.bench.allocation import AllocationBenchConfig, drift_rates, num_steps, run_allocation_bench
 from sara.commands.bench import split_specs
@@ -23,8 +24,15 @@ def test_multi_step_report():
     report = run_allocation_bench(cfg)
     rows = {r["allocator"]: r for r in report["results"]}
     assert report["reference_added"] and set(rows) == {"sara:prior=history,tau_low=0.2", "sara@uniform"}
-    for r in rows.values():
-        for key in ("ratio_vs_ds", "wrong_abandon_rate", "waste_fraction", "starvation_rate", "never_revisited_rate"):
-            assert 0.0 <= r[key] <= 2.0
+    # Paired baseline: DS alone on the same pools and seeds (the reference samples uniformly in both runs).
+    ds = run_allocation_bench(cfg.model_copy(update={"allocators": ("ds",)}))["results"][0]
+    tau = {"sara:prior=history,tau_low=0.2": 0.2, "sara@uniform": 0.45}
+    for spec, r in rows.items():
+        assert r["ratio_vs_ds"] == pytest.approx(r["rollouts_per_effective_group"] / ds["rollouts_per_effective_group"])
+        assert r["ratio_vs_ds"] < 0.9 and r["waste_fraction"] < ds["waste_fraction"]  # SARA beats DS, paired
+        assert 0.0 < r["wrong_abandon_rate"] <= tau[spec]  # the tau_low guarantee (plus a few abandons to show it)
+        assert r["starvation_rate"] == 0.0  # one epoch over a 160-prompt pool draws every prompt
         assert r["effective_groups"] >= 10 * 16
+    # The history prior with the predictive sampler spends fewer rollouts than plain SARA with uniform sampling.
+    assert rows["sara:prior=history,tau_low=0.2"]["ratio_vs_ds"] < rows["sara@uniform"]["ratio_vs_ds"]
     assert report["config"]["epochs"] == 1.0 and report["config"]["drift"] == 0.1

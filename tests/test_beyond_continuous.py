@@ -93,3 +93,15 @@ def test_sara_continuous_saves_rollouts_over_ds_on_continuous_rewards():
 def test_bounds_are_validated():
     with pytest.raises(Exception, match="high"):
         make_allocator("sara_continuous:low=1,high=0")
+
+
+def test_user_errors_are_config_errors_naming_the_field():
+    from sara.config import ConfigError
+    from sara.envs.sim.continuous import continuous_reward_fn
+
+    with pytest.raises(ConfigError, match="allocator 'sara_continuous': field 'prior'"):
+        make_allocator("sara_continuous:prior=empirical", k=8)
+    with pytest.raises(ConfigError, match="field 'high'"):
+        make_allocator("sara_continuous:low=1,high=0", k=8)
+    with pytest.raises(ConfigError, match="field 'noise'"):
+        continuous_reward_fn(noise=-1.0)

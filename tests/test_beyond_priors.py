@@ -83,3 +83,14 @@ def test_prior_option_is_validated():
         make_allocator("sara:prior=oracle")
     with pytest.raises(Exception, match="decay"):
         make_allocator("sara:prior=history,decay=0")
+
+
+def test_prior_errors_are_config_errors_naming_the_field():
+    from sara.config import ConfigError
+
+    with pytest.raises(ConfigError, match="field 'prior'"):
+        make_prior("bogus")
+    with pytest.raises(ConfigError, match="field 'decay'"):
+        HistoryPrior(decay=0.0)
+    with pytest.raises(ConfigError, match="field 'window'"):
+        EmpiricalBayesPrior(window=0)

@@ -60,7 +60,7 @@ def test_quick_matrix_runs_the_continuous_and_text_tree_allocators(tmp_path):
 
 
 def test_sara_vs_ds_note_uses_the_plain_sara_cell_beside_variants():
-    from sara.commands.matrix import sara_vs_ds
+    from sara.bench.matrix import sara_vs_ds
 
     def cell(alloc, acc, curve):
         return {"algo": "grpo", "allocator": alloc, "acc_after": acc, "rollouts": 1000,

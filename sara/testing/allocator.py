@@ -3,8 +3,10 @@
 Checks, each on a simulated pool:
 1. termination: a step ends by a real stop condition, not by hitting the round limit;
 2. budget: with a rollout budget, never more rollouts than the budget;
-3. accounting: every rollout ends in exactly one committed / abandoned / discarded group; unit ids are unique; group
-   sizes are >= 1 and committed groups are not larger than ``k`` (unless ``max_group_size`` says otherwise);
+3. accounting: every rollout the environment generated ends in exactly one committed / abandoned / discarded group
+   (rollouts and tokens counted at the environment, per category recomputed from the groups' rollouts); unit ids are
+   unique; group sizes are >= 1 and committed groups are not larger than ``k`` (unless ``max_group_size`` says
+   otherwise);
 4. determinism: two copies with the same seed produce identical groups and rewards;
 5. state: ``state_dict`` -> ``load_state_dict`` into a fresh copy continues exactly like the original.
 """
@@ -36,13 +38,41 @@ def _fingerprint(res: CollectResult) -> list[tuple[Any, ...]]:
             for g in (*res.groups, *res.abandoned, *res.discarded)]
 
 
-def _check_accounting(res: CollectResult, allocator: BudgetAllocator, max_group_size: int | None) -> None:
+class _Counting:
+    """Wraps the environment: counts the rollouts and tokens it generated (what the stats must account for)."""
+
+    def __init__(self, env: RolloutEnv) -> None:
+        self.env, self.prompts = env, env.prompts
+        self.rollouts = self.tokens = 0
+
+    def rollout(self, requests: Any) -> Any:
+        out = self.env.rollout(requests)
+        self.rollouts += sum(len(rs) for rs in out)
+        self.tokens += sum(r.num_tokens for rs in out for r in rs)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def _check_accounting(res: CollectResult, allocator: BudgetAllocator, max_group_size: int | None,
+                      env: _Counting) -> None:
     s = res.stats
     name = type(allocator).__name__
+    if (s.rollouts, s.tokens) != (env.rollouts, env.tokens):
+        raise AllocatorCheckError(f"{name}: stats count {s.rollouts} rollouts / {s.tokens} tokens, the environment "
+                                  f"generated {env.rollouts} / {env.tokens}")
     if s.rollouts != s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts:
         raise AllocatorCheckError(f"{name}: rollouts {s.rollouts} != committed + abandoned + discarded")
-    if s.tokens != s.committed_tokens + s.abandoned_tokens + s.discarded_tokens:
-        raise AllocatorCheckError(f"{name}: tokens do not add up")
+    for label, bucket, n, tok in (("committed", res.groups, s.committed_rollouts, s.committed_tokens),
+                                  ("abandoned", res.abandoned, s.abandoned_rollouts, s.abandoned_tokens),
+                                  ("discarded", res.discarded, s.discarded_rollouts, s.discarded_tokens)):
+        got = (sum(len(g.rollouts) for g in bucket), sum(r.num_tokens for g in bucket for r in g.rollouts))
+        if got != (n, tok):
+            raise AllocatorCheckError(f"{name}: {label} groups hold {got[0]} rollouts / {got[1]} tokens, stats say "
+                                      f"{n} / {tok}")
     groups = (*res.groups, *res.abandoned, *res.discarded)
     ids = [g.group_id for g in groups]
     if len(ids) != len(set(ids)):
@@ -58,7 +88,7 @@ def _check_accounting(res: CollectResult, allocator: BudgetAllocator, max_group_
     big = [g.size for g in res.groups if g.size > cap]
     if big:
         raise AllocatorCheckError(f"{name}: committed groups larger than {cap}: sizes {big[:5]}")
-    if s.effective_groups != sum(g.is_effective(allocator.config.eps) for g in res.groups):
+    if s.effective_groups != sum(g.is_effective(allocator.eps) for g in res.groups):
         raise AllocatorCheckError(f"{name}: effective_groups does not match the committed groups")
 
 
@@ -102,10 +132,12 @@ def check_allocator(
             sampler = UniformSampler(len(env.prompts), seed=seed)
             results = []
             for t in range(steps):
-                res = collect(alloc, env, sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed, step=t)
+                counting = _Counting(env)
+                res = collect(alloc, counting, sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed,
+                              step=t)
                 if res.stats.stop_reason == "max_rounds":
                     raise AllocatorCheckError(f"{type(alloc).__name__}: step {t} did not terminate within {max_rounds} rounds")
-                _check_accounting(res, alloc, max_group_size)
+                _check_accounting(res, alloc, max_group_size, counting)
                 results.append(res)
             runs.append((alloc, sampler, results))
         a, b = ([fp for r in run[2] for fp in _fingerprint(r)] for run in runs)
@@ -113,11 +145,11 @@ def check_allocator(
             raise AllocatorCheckError(f"{type(runs[0][0]).__name__}: two runs with seed {seed} differ (not deterministic)")
 
         # Budget: a step with a hard budget never exceeds it.
-        alloc, env = make(), env_factory(seed)
+        alloc, counting = make(), _Counting(env_factory(seed))
         budget = max(1, target_groups * alloc.k // 3)
-        res = collect(alloc, env, UniformSampler(len(env.prompts), seed=seed), target_groups=target_groups,
+        res = collect(alloc, counting, UniformSampler(len(counting.prompts), seed=seed), target_groups=target_groups,
                       max_rollouts=budget, max_rounds=max_rounds, seed=seed)
-        _check_accounting(res, alloc, max_group_size)
+        _check_accounting(res, alloc, max_group_size, counting)
         if res.stats.rollouts > budget:
             raise AllocatorCheckError(f"{type(alloc).__name__}: {res.stats.rollouts} rollouts exceed the budget {budget}")
 
