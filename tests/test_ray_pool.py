@@ -23,6 +23,7 @@ from sara.backends.ray import (
     WorkerFailedError,
     split_round,
 )
+from sara.collect import WrongAbandons
 from sara.config import ConfigError
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.envs.sim.latency import LatencyEnv
@@ -202,7 +203,10 @@ class EngineSeededBackend(SeededBackend):
 def _run_steps(env, steps=3, allocator="sara", target=12, max_rounds=1000):
     alloc = make_allocator(allocator, k=8)
     sampler = UniformSampler(len(env.prompts), seed=1)
-    return [collect(alloc, env, sampler, target_groups=target, seed=5, max_rounds=max_rounds) for _ in range(steps)]
+    # wrong-abandon counting on simulators (a pool forwards counterfactual_mixed to a worker): same counts either way
+    observers = [WrongAbandons(env)] if hasattr(env, "counterfactual_mixed") else []
+    return [collect(alloc, env, sampler, target_groups=target, seed=5, max_rounds=max_rounds, observers=observers)
+            for _ in range(steps)]
 
 
 def _without_logprobs(groups):
