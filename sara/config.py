@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["SaraModel", "ConfigError", "parse_spec", "validate_config", "format_spec"]
+__all__ = ["SaraModel", "ConfigError", "parse_spec", "validate_config"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,13 +54,6 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
             raise ConfigError(f"spec {spec!r}: option {key!r} given twice")
         kwargs[key] = value.strip()
     return name, kwargs
-
-
-def format_spec(name: str, options: Mapping[str, Any]) -> str:
-    """Inverse of ``parse_spec`` for display."""
-    if not options:
-        return name
-    return name + ":" + ",".join(f"{k}={v}" for k, v in options.items())
 
 
 def validate_config(model: type[M], data: Mapping[str, Any], *, what: str) -> M:

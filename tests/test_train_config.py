@@ -72,3 +72,20 @@ def test_unknown_registry_names_fail_with_the_field(tmp_path):
 def test_matrix_rejects_bad_steps(capsys):
     assert main(["matrix", "--steps", "0"]) == 2
     assert "steps" in capsys.readouterr().err
+
+
+def test_policy_and_backend_take_spec_strings_like_every_other_component():
+    cfg = TrainConfig(policy="tiny:d_model=32", policy_options={"warm_start": {"steps": 0}}, backend="tiny")
+    assert cfg.component("policy") == ("tiny", {"d_model": "32", "warm_start": {"steps": 0}})
+    assert cfg.component("backend") == ("tiny", {})
+    with pytest.raises(ConfigError, match="field 'policy'.*d_model.*both"):
+        load_config(None, ["policy=tiny:d_model=32", "policy_options.d_model=64"])
+
+
+def test_missing_and_malformed_config_files_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo: [grpo\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        load_config(bad)

@@ -82,7 +82,8 @@ def run_matrix(base: Mapping[str, Any], algos: Sequence[str], allocators: Sequen
             cells.append(validate_config(TrainConfig, cfg, what=f"matrix cell {algo} x {alloc}").model_dump())
     # Warm-start (or load) the shared starting policy once, before the cells start in parallel.
     task = make_task(base_cfg.task)
-    POLICIES.get(base_cfg.policy)(dict(base_cfg.policy_options), task=task, seed=base_cfg.seed, verbose=True)
+    policy_name, policy_options = base_cfg.component("policy")
+    POLICIES.get(policy_name)(policy_options, task=task, seed=base_cfg.seed, verbose=True)
     print(f"sara matrix: {n_cells} cells, budget {budget:,} rollouts each, {workers} worker(s) x {threads} "
           f"thread(s) -> {out}", flush=True)
     results: list[dict[str, Any]] = []

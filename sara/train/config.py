@@ -65,13 +65,17 @@ class TrainConfig(SaraModel):
     """Task id or spec, see ``sara.envs.tasks``. Default: additions of 1- and 2-digit numbers (mixed widths, with and
     without carries: a wide spread of per-prompt difficulty for the warm-started tiny policy)."""
     policy: str = "tiny"
-    """Policy factory name in ``sara.policies.POLICIES`` (or ``"module:attr"``)."""
+    """Policy spec: a factory name in ``sara.policies.POLICIES`` (or ``"module:attr"``), with options like every other
+    spec, e.g. ``"hf:model=smollm2,dtype=float32"``."""
     policy_options: dict[str, Any] = Field(default_factory=dict)
-    """Options for the policy factory (tiny: ``TinyConfig`` fields and ``warm_start``)."""
+    """More options for the policy factory, for nested or typed values a spec string cannot carry (tiny:
+    ``TinyConfig`` fields and ``warm_start``). An option may be given here or in ``policy``, not both."""
     backend: str = "tiny"
-    """Generation backend factory name in ``sara.policies.BACKENDS`` (or ``"module:attr"``)."""
+    """Generation backend spec: a factory name in ``sara.backends.BACKENDS`` (or ``"module:attr"``), with options,
+    e.g. ``"hf:max_batch_size=32"``."""
     backend_options: dict[str, Any] = Field(default_factory=dict)
-    """Options for the backend factory."""
+    """More options for the backend factory (as ``policy_options``). An option may be given here or in ``backend``,
+    not both."""
     ray: RayTrainOptions = Field(default_factory=RayTrainOptions)
     """Distributed rollouts: ``ray.enabled`` runs ``ray.num_workers`` copies of the backend on Ray actors
     (``sara train --ray --num-workers N [--ray-address ADDR]``; see docs/ray.md)."""
@@ -121,7 +125,27 @@ class TrainConfig(SaraModel):
                 parse_spec(getattr(self, field))
             except ConfigError as exc:
                 raise ValueError(f"field '{field}': {exc}") from None
+        for field in ("policy", "backend"):
+            self.component(field)  # type: ignore[arg-type]
         return self
+
+    def component(self, field: Literal["policy", "backend"]) -> tuple[str, dict[str, Any]]:
+        """``(factory name, options)`` of the policy or the backend: the spec string's options plus ``<field>_options``.
+
+        Raises:
+            ValueError: a malformed spec, or an option given both in the spec and in ``<field>_options`` (pydantic
+                turns it into a ``ConfigError`` naming the field).
+        """
+        try:
+            name, options = parse_spec(getattr(self, field))
+        except ConfigError as exc:
+            raise ValueError(f"field '{field}': {exc}") from None
+        extra = getattr(self, f"{field}_options")
+        both = sorted(set(options) & set(extra))
+        if both:
+            raise ValueError(f"field '{field}': option(s) {', '.join(both)} given both in the spec and in "
+                             f"'{field}_options'; keep one")
+        return name, {**options, **extra}
 
     @property
     def output_dir(self) -> Path:

@@ -100,13 +100,15 @@ class Trainer:
         self.task = make_task(cfg.task)
         if not self.task.eval_prompts:
             raise ConfigError(f"train config: field 'task': {cfg.task!r} has no held-out prompts to evaluate on")
-        policy_factory = _lookup(POLICIES, cfg.policy, "policy")
-        backend_factory = _lookup(BACKENDS, cfg.backend, "backend")
+        policy_name, policy_options = cfg.component("policy")
+        backend_name, backend_options = cfg.component("backend")
+        policy_factory = _lookup(POLICIES, policy_name, "policy")
+        backend_factory = _lookup(BACKENDS, backend_name, "backend")
         if cfg.ray.enabled:  # ray.num_workers copies of the backend on Ray actors (sara.backends.ray)
             from sara.backends.ray.pool import ray_backend_factory
 
             backend_factory = ray_backend_factory(backend_factory, cfg.ray)
-        self.policy = policy_factory({**cfg.policy_options, **({"value_head": True} if self.algo.needs_critic else {})},
+        self.policy = policy_factory({**policy_options, **({"value_head": True} if self.algo.needs_critic else {})},
                                      task=self.task, seed=cfg.seed, verbose=verbose)
         if self.algo.needs_critic and not getattr(self.policy, "has_value_head", False):
             raise ConfigError(f"train config: field 'policy': algorithm {self.algo.name!r} needs a value head and "
@@ -114,7 +116,7 @@ class Trainer:
         epochs = cfg.optim.epochs or self.algo.epochs
         self.learner = Learner(self.policy, self.algo, cfg.optim, seed=cfg.seed, horizon=planned_optimizer_steps(
             cfg.steps, cfg.groups_per_step, cfg.k, epochs, cfg.optim.minibatch_rollouts))
-        self.backend = backend_factory(self.policy, dict(cfg.backend_options), task=self.task, seed=cfg.seed)
+        self.backend = backend_factory(self.policy, backend_options, task=self.task, seed=cfg.seed)
         sampling = SamplingConfig(temperature=cfg.temperature,
                                   max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
                                   stop=self.task.stop)
