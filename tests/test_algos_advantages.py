@@ -10,20 +10,21 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from sara.algos.advantages import (  # noqa: E402
-    ADVANTAGES,
-    AdvantageInputs,
-    broadcast_to_tokens,
-    build_token_rewards,
+from sara.algos.advantages import ADVANTAGES, AdvantageInputs  # noqa: E402
+from sara.algos.estimators import (  # noqa: E402
     gae_advantages,
     grpo_advantages,
+    reinforce_pp_baseline_advantages,
+    reinforce_pp_returns,
+    rloo_advantages,
+)
+from sara.algos.tensors import (  # noqa: E402
+    broadcast_to_tokens,
+    build_token_rewards,
     last_token_index,
     masked_mean,
     masked_var,
     masked_whiten,
-    reinforce_pp_baseline_advantages,
-    reinforce_pp_returns,
-    rloo_advantages,
 )
 
 K8_3 = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])

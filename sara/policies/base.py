@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Policy", "PolicyOutput", "TokenBatch"]
+__all__ = ["Policy", "PolicyOutput", "ScoreViews", "TokenBatch"]
 
 
 @dataclass
@@ -61,3 +61,17 @@ class Policy(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Any:
         ...
+
+
+class ScoreViews:
+    """``token_logprobs`` and ``values`` as views of ``score`` (for policies that implement ``score``)."""
+
+    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False) -> tuple[Any, Any | None]:
+        """``(logprobs [B, T], entropy [B, T] or None)``: ``score`` without values."""
+        out = self.score(batch, with_entropy=with_entropy)  # type: ignore[attr-defined]
+        return out.logprobs, out.entropy
+
+    def values(self, batch: TokenBatch) -> Any:
+        """Value estimates ``[B, T]``: ``score(batch, with_values=True).values``."""
+        return self.score(batch, with_values=True).values  # type: ignore[attr-defined]
+

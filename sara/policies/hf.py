@@ -19,7 +19,7 @@ from torch import nn
 
 from sara.config import SaraModel
 from sara.hub import NON_MODEL_PREFIXES, resolve_hf_model
-from sara.policies.base import PolicyOutput, TokenBatch
+from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
 
 __all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
 
@@ -43,7 +43,7 @@ class HFPolicyConfig(SaraModel):
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
 
 
-class HFPolicy:
+class HFPolicy(ScoreViews):
     """A trainable causal LM (implements ``sara.policies.base.Policy``).
 
     Args:
@@ -103,16 +103,6 @@ class HFPolicy:
             v = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
             values = torch.cat([zero, v], dim=1)
         return PolicyOutput(torch.cat([zero, lp], dim=1), ent, values)
-
-    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(logprobs [B, T], entropy [B, T] or None)`` (``score`` without values)."""
-        out = self.score(batch, with_entropy=with_entropy)
-        return out.logprobs, out.entropy
-
-    def values(self, batch: TokenBatch) -> torch.Tensor:
-        """Values ``[B, T]`` (``score(..., with_values=True).values``)."""
-        return self.score(batch, with_values=True).values
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Trainable parameters: the LM's, then the value head's."""

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from sara.config import SaraModel
-from sara.policies.base import PolicyOutput, TokenBatch
+from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
 from sara.seeding import uniform_from_seeds
 
 __all__ = ["CharTokenizer", "TinyConfig", "TinyPolicy", "PAD", "BOS", "EOS", "num_parameters"]
@@ -120,7 +120,7 @@ class _Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class TinyPolicy(nn.Module):
+class TinyPolicy(ScoreViews, nn.Module):
     """A small pre-norm causal transformer language policy (implements ``sara.policies.base.Policy``)."""
 
     def __init__(self, config: TinyConfig | Mapping[str, Any] | None = None) -> None:
@@ -211,16 +211,6 @@ class TinyPolicy(nn.Module):
         ent = torch.cat([zero, -(logp_all.exp() * logp_all).sum(-1)], dim=1) if with_entropy else None
         values = torch.cat([zero, self.value(h[:, :-1]).squeeze(-1).float()], dim=1) if with_values else None
         return PolicyOutput(torch.cat([zero, lp], dim=1), ent, values)
-
-    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(logprobs [B, T], entropy [B, T] or None)`` (``score`` without values)."""
-        out = self.score(batch, with_entropy=with_entropy)
-        return out.logprobs, out.entropy
-
-    def values(self, batch: TokenBatch) -> torch.Tensor:
-        """Value estimates ``[B, T]`` (``score(..., with_values=True).values``)."""
-        return self.score(batch, with_values=True).values
 
     # ---- generation -------------------------------------------------------------------------------------------
     @torch.no_grad()
