@@ -158,20 +158,20 @@ def test_data_errors(options: dict, match: str) -> None:
         make_task("sara/MATH-v0", **options)
 
 
-def test_bad_records(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("task_id", "line", "match"), [
+    ("sara/MATH-v0", '{"problem": "x"}', "record 0"),
+    ("sara/MATH-v0", "{not json", "invalid JSON"),
+    ("sara/AIME-v0", '{"problem": "x", "answer": "1.5"}', "integers"),
+    ("sara/GSM8K-v0", '{"question": "x", "answer": "no number"}', "####"),
+])
+def test_bad_records(tmp_path: Path, task_id: str, line: str, match: str) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"problem": "x"}\n')
-    with pytest.raises(ConfigError, match="record 0"):
-        make_task("sara/MATH-v0", path=str(bad))
-    bad.write_text("{not json\n")
-    with pytest.raises(ConfigError, match="invalid JSON"):
-        make_task("sara/MATH-v0", path=str(bad))
-    bad.write_text('{"problem": "x", "answer": "1.5"}\n')
-    with pytest.raises(ConfigError, match="integers"):
-        make_task("sara/AIME-v0", path=str(bad))
-    bad.write_text('{"question": "x", "answer": "no number"}\n')
-    with pytest.raises(ConfigError, match="####"):
-        make_task("sara/GSM8K-v0", path=str(bad))
+    bad.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=match):
+        make_task(task_id, path=str(bad))
+
+
+def test_unreadable_parquet(tmp_path: Path) -> None:
     pq = tmp_path / "d.parquet"
     pq.write_bytes(b"PAR1")
     try:
