@@ -1,6 +1,7 @@
 """Environments: verifiable tasks on generation backends, and the simulator.
 
-Heavy backends (vLLM, transformers, Ray) live in ``sara.envs.backends`` and import their libraries lazily.
+The generation backends themselves (tiny, HF, vLLM, Ray pools) live in ``sara.backends`` (a layer above: envs never
+import them) and import their heavy libraries lazily.
 """
 
 from sara.envs.base import Completion, GenerationBackend, GenerationRequest, RolloutEnv, SamplingConfig
