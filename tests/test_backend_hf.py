@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="the HF backend needs transformers")
 from sara.envs.base import GenerationRequest, SamplingConfig  # noqa: E402
 from sara.hub import RegistryUnreachableError, prepare_model  # noqa: E402
 from sara.policies.base import TokenBatch  # noqa: E402
-from sara.testing import check_backend  # noqa: E402
+from sara.testing.backend import check_backend, logprob_gaps  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -56,29 +56,6 @@ def shared(policy):
     return make_backend("hf:share_policy=true", policy=policy)
 
 
-def token_batch(comps):
-    seqs = [list(c.prompt_token_ids) + list(c.token_ids) for c in comps]
-    width = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    resp = torch.zeros_like(ids)
-    for i, (s, c) in enumerate(zip(seqs, comps)):
-        ids[i, : len(s)] = torch.tensor(s)
-        att[i, : len(s)] = 1
-        resp[i, len(c.prompt_token_ids): len(s)] = 1
-    return TokenBatch(ids, att, resp)
-
-
-def logprob_diffs(policy, comps):
-    with torch.no_grad():
-        lp, _ = policy.token_logprobs(token_batch(comps))
-    diffs = []
-    for i, c in enumerate(comps):
-        start = len(c.prompt_token_ids)
-        diffs.append((lp[i, start: start + c.num_tokens] - torch.tensor(c.logprobs)).abs())
-    return torch.cat(diffs)
-
-
 def test_conformance(backend, policy):
     v0 = backend.version
     report = check_backend(backend, state_dict=policy.state_dict(), prompts=PROMPTS, max_new_tokens=6)
@@ -95,14 +72,14 @@ def test_real_text_and_logprobs_match_policy(policy, shared):
         assert shared.tokenizer.decode(c.token_ids, skip_special_tokens=True) == c.text
         assert c.prompt_token_ids[-3:] == tuple(shared.tokenizer("<|im_start|>assistant\n")["input_ids"])[-3:]
     assert any(ch.isalpha() for c in comps for ch in c.text)  # real words, not token soup of specials
-    d = logprob_diffs(policy, comps)
+    d = logprob_gaps(policy, comps)
     assert float(d.max()) < 1e-3, f"fp32 generator vs fp32 policy: max |dlogp| {float(d.max()):.2e}"
 
 
 def test_bf16_logprobs_close_to_fp32_policy(policy, backend):
     reqs = [GenerationRequest(prompt=p, seeds=(5, 6)) for p in PROMPTS]
     comps = [c for o in backend.generate(reqs, SamplingConfig(max_new_tokens=16)) for c in o]
-    d = logprob_diffs(policy, comps)
+    d = logprob_gaps(policy, comps)
     assert float(d.mean()) < 0.1 and float(d.max()) < 1.0, (float(d.mean()), float(d.max()))
 
 

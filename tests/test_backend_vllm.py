@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the vLLM tests need torch")
 
 from sara.envs.base import GenerationRequest, SamplingConfig  # noqa: E402
-from sara.testing import check_backend  # noqa: E402
+from sara.testing.backend import check_backend, logprob_gaps  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -42,22 +42,6 @@ def policy(model_path):
     return HFPolicy(model_path, dtype="float32")
 
 
-def _logprob_diffs(policy, comps):
-    from sara.policies.base import TokenBatch
-
-    seqs = [list(c.prompt_token_ids) + list(c.token_ids) for c in comps]
-    width = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        att[i, : len(s)] = 1
-    with torch.no_grad():
-        lp, _ = policy.token_logprobs(TokenBatch(ids, att, att))
-    return torch.cat([(lp[i, len(c.prompt_token_ids): len(c.prompt_token_ids) + c.num_tokens]
-                       - torch.tensor(c.logprobs)).abs() for i, c in enumerate(comps)])
-
-
 def test_conformance_and_engine_settings(engine, policy):
     report = check_backend(engine, state_dict=policy.state_dict(), prompts=PROMPTS, max_new_tokens=6)
     assert report["completions"] == 6 and engine.version == report["versions"][-1]
@@ -77,7 +61,7 @@ def test_real_text_and_logprobs_match_policy(engine, policy):
     from sara.backends.text import encode_prompt
 
     assert comps[0].prompt_token_ids == tuple(encode_prompt(engine.tokenizer, PROMPTS[0]))  # same as the HF backend
-    d = _logprob_diffs(policy, comps)
+    d = logprob_gaps(policy, comps)
     assert float(d.mean()) < 0.15 and float(d.max()) < 1.5, (float(d.mean()), float(d.max()))
 
 

