@@ -238,14 +238,14 @@ class OutcomeCounts:
 
         if not self.counts:
             return 0.0
-        rows = ((*key, v) for key, v in sorted(self.counts.items()))  # a fixed order: the fit is order-sensitive
+        rows = ((*key, v) for key, v in self.counts.items())  # first-seen order (kept by state_dict)
         n, s, eff, c = (np.array(x, dtype=np.float64) for x in zip(*rows))
         a, b = fit_beta_marginal_likelihood(n, s, weights=c)
         p = np.where(eff > 0, 1.0, p_effective(n, s, self.k, a, b))
         return float(np.sum(c * p) / np.sum(c))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "rows": [[*key, v] for key, v in sorted(self.counts.items())]}
+        return {"k": self.k, "rows": [[*key, v] for key, v in self.counts.items()]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.k = int(state["k"])

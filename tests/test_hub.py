@@ -102,6 +102,14 @@ def test_old_import_paths_still_work_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match=r"sara\.envs\.backends\.\w+ moved to sara\.backends"):
         from sara.envs.backends import BACKENDS, make_backend
     assert BACKENDS is sara.backends.BACKENDS and make_backend is sara.backends.make_backend
+    with pytest.warns(DeprecationWarning, match=r"sara\.policies\.BACKENDS moved to sara\.backends"):
+        from sara.policies import BACKENDS as old_registry
+    assert old_registry is sara.backends.BACKENDS
+    with pytest.warns(DeprecationWarning, match=r"sara\.checkpoint\.latest_checkpoint moved to sara\.train"):
+        from sara.checkpoint import latest_checkpoint
+    import sara.train.checkpoint
+
+    assert latest_checkpoint is sara.train.checkpoint.latest_checkpoint
     with pytest.raises(ImportError):
         from sara.envs.backends import no_such_name  # noqa: F401
 
