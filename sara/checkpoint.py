@@ -6,8 +6,7 @@ until a name is asked for.
 
 from sara.deprecation import moved
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_path", "rng_state",
-           "set_rng_state", "prune_checkpoints", "file_lock"]
-
 _CKPT = "sara.train.checkpoint"
-__getattr__ = moved(__name__, {**{name: _CKPT for name in __all__}, "file_lock": "sara.storage"})
+_MOVED = ("save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_path", "rng_state", "set_rng_state",
+          "prune_checkpoints")
+__getattr__ = moved(__name__, {**{name: _CKPT for name in _MOVED}, "file_lock": "sara.storage"})

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from sara.train.checkpoint import latest_checkpoint  # noqa: E402
 from sara.metrics import deterministic_view, read_jsonl  # noqa: E402
+from sara.train.checkpoint import latest_checkpoint  # noqa: E402
 
 # A small, fast run: tiny model, short warm start (cached in a per-test cache dir), a few steps.
 SETTINGS = [
