@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -14,37 +13,18 @@ from sara import UniformSampler, collect, make_allocator
 from sara.envs.base import Completion, GenerationBackend, GenerationRequest, RolloutEnv, SamplingConfig
 from sara.envs.task_env import TaskEnv
 from sara.envs.tasks import Task, make_task
+from sara.testing.scripted import ScriptedBackend, prompt_text
 from sara.types import Prompt, RolloutRequest
 
 
-class FakeBackend:
+class FakeBackend(ScriptedBackend):
     """Answers arithmetic prompts; a completion is right unless ``seed % 3 == 0``; records every call."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[list[GenerationRequest], SamplingConfig]] = []
-
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
-        self.calls.append((list(requests), sampling))
-        out = []
-        for req in requests:
-            text = req.prompt if isinstance(req.prompt, str) else req.prompt[-1]["content"]
-            a, op, b = re.findall(r"([0-9]+)([+-])([0-9]+)=", text)[-1]
-            value = int(a) + int(b) if op == "+" else int(a) - int(b)
-            group = []
-            for s in req.seeds:
-                answer = str(value if s % 3 else value + 1) + "\n"
-                ids = tuple(ord(ch) for ch in answer)
-                group.append(Completion(text=answer, token_ids=ids, logprobs=tuple(-0.5 for _ in ids),
-                                        prompt_token_ids=tuple(ord(ch) for ch in text),
-                                        finish_reason="stop" if s % 5 else "length", seed=s))
-            out.append(group)
-        return out
-
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def answer(self, request: GenerationRequest, seed: int) -> Completion:
+        a, op, b = re.findall(r"([0-9]+)([+-])([0-9]+)=", prompt_text(request))[-1]
+        value = int(a) + int(b) if op == "+" else int(a) - int(b)
+        return self.completion(request, seed, str(value if seed % 3 else value + 1) + "\n",
+                               finish_reason="stop" if seed % 5 else "length")
 
 
 def _requests(env: TaskEnv, spec: Sequence[tuple[int, Sequence[int]]], prefix: str = "") -> list[RolloutRequest]:

@@ -141,3 +141,17 @@ def test_the_tiny_backend_passes_and_its_logprobs_are_the_policys():
     comps = [c for cs in out for c in cs]
     gaps = logprob_gaps(policy, comps)
     assert len(gaps) == sum(c.num_tokens for c in comps) > 0 and float(gaps.max()) < 1e-4
+
+
+def test_scripted_backend_is_a_conforming_backend():
+    from sara.testing import ScriptedBackend
+
+    class Echo(ScriptedBackend):
+        def answer(self, request, seed):
+            return f"{seed % 7}"
+
+    backend = Echo()
+    check_backend(backend, state_dict={})
+    assert backend.version > 0 and backend.calls  # it followed the weight loads and recorded every round
+    with pytest.raises(NotImplementedError, match="answer"):
+        ScriptedBackend().generate(backend.calls[-1][0], backend.calls[-1][1])

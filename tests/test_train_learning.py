@@ -37,7 +37,7 @@ def test_train_step_phases_and_namespaces(tmp_path):
                       optim={"minibatch_rollouts": 3, "epochs": 2})
     with Trainer(cfg) as trainer:
         m = trainer.train_step()
-        assert trainer.reference is not None  # reinforce_pp folds a KL penalty into the reward
+        assert trainer.learner.reference is not None  # reinforce_pp folds a KL penalty into the reward
         assert trainer.backend.version == trainer.version == 1
     phases = ("time/collect", "time/advantages", "time/update", "time/sync")
     assert set(phases) | {"time/step"} <= set(m)

@@ -3,48 +3,32 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import pytest
 
 from sara import UniformSampler, collect, make_allocator
-from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+from sara.envs.base import GenerationRequest, SamplingConfig
 from sara.envs.tree import TreeTaskEnv, cut_segment
 from sara.handles import format_handle
 from sara.testing import check_allocator
+from sara.testing.scripted import ScriptedBackend
 from sara.types import RolloutRequest
 
 
-class ContinuingBackend:
+class ContinuingBackend(ScriptedBackend):
     """Arithmetic answers ``"V\\n"`` (V off by 100 when ``seed % 3 == 0``); a prompt that already holds a partial trace
     after '=' is continued from where the trace stops. Records every call."""
 
-    def __init__(self) -> None:
-        self.calls: list[list[GenerationRequest]] = []
+    logprob = -0.1
+    prompt_ids = False
 
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
-        self.calls.append(list(requests))
-        out = []
-        for req in requests:
-            head, trace = req.prompt.rsplit("=", 1)
-            a, op, b = re.findall(r"([0-9]+)([+-])([0-9]+)$", head)[-1]
-            value = int(a) + int(b) if op == "+" else int(a) - int(b)
-            group = []
-            for s in req.seeds:
-                full = f"{value if s % 3 else value + 100}\n"
-                text = full[len(trace):] if full.startswith(trace) else full
-                ids = tuple(ord(ch) for ch in text)
-                group.append(Completion(text=text, token_ids=ids, logprobs=tuple(-0.1 for _ in ids), seed=s))
-            out.append(group)
-        return out
-
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def answer(self, request: GenerationRequest, seed: int) -> str:
+        head, trace = request.prompt.rsplit("=", 1)
+        a, op, b = re.findall(r"([0-9]+)([+-])([0-9]+)$", head)[-1]
+        value = int(a) + int(b) if op == "+" else int(a) - int(b)
+        full = f"{value if seed % 3 else value + 100}\n"
+        return full[len(trace):] if full.startswith(trace) else full
 
 
 def _env(backend: ContinuingBackend | None = None) -> TreeTaskEnv:
@@ -72,7 +56,7 @@ def test_openers_set_traces_and_deepeners_continue_them():
     assert trace == answer[:1] and env.trace(0, 0, 1) == answer[:1]
     assert [r.metadata["branch"] for r in g1] == [0, 1, 0]
     assert g1[2].metadata["prefix"] == trace and g1[2].completion == answer[1:] + "\n"
-    assert backend.calls[1][0].prompt.endswith("=" + trace) and backend.calls[1][0].seeds == (4,)
+    assert backend.calls[1][0][0].prompt.endswith("=" + trace) and backend.calls[1][0][0].seeds == (4,)
     assert g1[2].num_tokens < g1[0].num_tokens  # the shared segment is paid once, by the opener
     assert [r.reward for r in g1] == [1.0, 1.0, 1.0]  # the deepener is scored on trace + continuation
     # Round 2: two more leaves under branch 1 (one request, one call) and a plain request beside it.
@@ -80,7 +64,7 @@ def test_openers_set_traces_and_deepeners_continue_them():
                         prefix=format_handle(0, 0, 4, [1, 1], [False, False]))
     plain = RolloutRequest(unit_id=1, pool_index=6, prompt=env.prompts[6], seeds=(8, 9))
     g2, g3 = env.rollout([r2, plain])
-    assert len(backend.calls) == 3 and len(backend.calls[2]) == 2
+    assert len(backend.calls) == 3 and len(backend.calls[2][0]) == 2
     assert [r.reward for r in g2] == [0.0, 1.0]  # seed 6 % 3 == 0 -> a wrong answer
     assert all(r.metadata == {"branch": 1, "prefix": trace} for r in g2)
     assert [r.metadata for r in g3] == [{}, {}] and [r.reward for r in g3] == [1.0, 0.0]  # seed 9: wrong

@@ -1,7 +1,8 @@
 """Conformance checks users run on their own allocators, tasks and backends.
 
 ``check_allocator`` lives in ``sara.testing.allocator``, ``check_task`` in ``sara.testing.task`` and
-``check_backend`` in ``sara.testing.backend``; they are imported on first use so ``import sara.testing`` stays light.
+``check_backend`` in ``sara.testing.backend``; ``ScriptedBackend`` (a backend without a model, for tests of tasks and
+environments) in ``sara.testing.scripted``. They are imported on first use so ``import sara.testing`` stays light.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ _WHERE = {
     "check_allocator": "sara.testing.allocator",
     "check_task": "sara.testing.task",
     "check_backend": "sara.testing.backend",
+    "ScriptedBackend": "sara.testing.scripted",
 }
 
 __all__ = sorted(_WHERE)

@@ -151,11 +151,6 @@ class Trainer:
         """Optimizer (mini-batch) updates so far."""
         return self.learner.optimizer_steps
 
-    @property
-    def reference(self) -> Any:
-        """The frozen reference policy (None unless the algorithm needs one)."""
-        return self.learner.reference
-
     # ---------------------------------------------------------------------------------------------- the step
     def train_step(self) -> dict[str, float]:
         """One step: collect -> advantages -> loss -> optimizer step(s) -> weight sync -> metrics."""
