@@ -29,11 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    from sara.config import ConfigError
+    from sara.config import SaraError
 
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except SaraError as exc:
         print(f"sara: error: {exc}", file=sys.stderr)
         return 2
 

@@ -13,12 +13,17 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["SaraModel", "ConfigError", "parse_spec", "validate_config"]
+__all__ = ["SaraModel", "SaraError", "ConfigError", "parse_spec", "validate_config"]
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class SaraError(Exception):
+    """An error the user can act on (an invalid value, an unusable checkpoint, a failing verifier); the ``sara``
+    command prints its one-line message instead of a traceback."""
+
+
+class ConfigError(SaraError, ValueError):
     """An invalid configuration value; the message names the field."""
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import Any
 
 __all__ = ["register", "run", "format_summary"]
@@ -58,6 +59,13 @@ def run(args: argparse.Namespace) -> int:
     with Trainer(cfg, resume=args.resume, verbose=True) as trainer:
         summary = trainer.train()
     print(format_summary(summary, k=cfg.k))
+    if summary.interrupted:
+        import signal
+
+        where = f"checkpoint {summary.checkpoint} written" if summary.checkpoint else "no checkpoint could be written"
+        print(f"sara train: stopped by {summary.interrupted} after step {summary.steps}; {where}; continue with "
+              "--resume", file=sys.stderr, flush=True)
+        return 128 + int(signal.Signals[summary.interrupted])
     return 0
 
 
@@ -78,6 +86,8 @@ def format_summary(s: Any, *, k: int) -> str:
         ("effective-group fraction of the batch", f"{_pct(s.effective_fraction)} "
                                                   f"({s.effective_groups:,} of {s.committed_groups:,} groups)"),
         ("P(mixed) of a fresh prompt (estimated)", _pct(s.p_mixed)),
+        ("verifier errors / timeouts (rollouts scored 0)", f"{getattr(s, 'verifier_errors', 0):,} / "
+                                                            f"{getattr(s, 'verifier_timeouts', 0):,}"),
     ]
     if not math.isnan(s.ds_rollouts_estimate) and s.ds_rollouts_estimate > 0:  # 0 when no group was effective
         rows += [

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from sara.envs.base import GenerationBackend, GenerationRequest, SamplingConfig
 from sara.envs.tasks import Task, make_task
 from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchScorer
@@ -69,6 +71,8 @@ class TaskEnv:
         self.render_chat = render_chat
         self._counts = {"rounds": 0, "rollouts": 0, "tokens": 0, "truncated": 0, "reward_sum": 0.0,
                         "generate_seconds": 0.0, "score_seconds": 0.0}
+        self.last_verifier_failure: tuple[str, str] | None = None
+        """The latest ``(completion, what went wrong)`` the verifier raised or timed out on (None: never)."""
 
     def render(self, request: RolloutRequest) -> str | list[dict[str, str]]:
         """The backend input for one request: the rendered prompt followed by ``request.prefix``."""
@@ -98,6 +102,11 @@ class TaskEnv:
         answers = [r.prompt.answer for r, o in zip(requests, outputs) for _ in o]
         scored = self.scorer.score(texts, answers)
         t2 = time.perf_counter()
+        failed = np.flatnonzero((scored.status == ERROR) | (scored.status == TIMEOUT))
+        if len(failed):
+            i = int(failed[0])
+            self.last_verifier_failure = (texts[i], (f"raised {scored.errors[0]}" if scored.status[i] == ERROR and
+                                                     scored.errors else f"timed out after {self.scorer.timeout_s:g} s"))
         out: list[list[Rollout]] = []
         k = 0
         for req, comps in zip(requests, outputs):

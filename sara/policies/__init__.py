@@ -49,5 +49,24 @@ def make_tiny_policy_for_task(options: dict[str, Any] | None = None, *, task: An
     alphabet = (getattr(task, "metadata", {}) or {}).get("alphabet")
     if alphabet and "alphabet" not in opts:
         opts["alphabet"] = alphabet
+    _check_readable(task, opts.get("alphabet"))
     key = f"{task.id}:{(getattr(task, 'metadata', {}) or {}).get('config')}"
     return make_tiny_policy(opts, prompts=task.prompts, cache_key=key, cache=cache, verbose=verbose)
+
+
+def _check_readable(task: Any, alphabet: str | None) -> None:
+    """A ``ConfigError`` when the tiny policy cannot read ``task``: chat prompts, or characters outside its alphabet."""
+    from sara.config import ConfigError
+    from sara.policies.tiny_model import TinyConfig
+
+    fix = "use policy=hf:model=smollm2 with backend=hf (sara model prepare smollm2), or a task the tiny policy reads"
+    if getattr(task, "chat", False):
+        raise ConfigError(f"policy 'tiny': task {task.id!r} renders chat messages and the tiny policy reads plain "
+                          f"text; {fix}")
+    chars = set(alphabet or TinyConfig.model_fields["alphabet"].default)
+    for p in [*task.prompts, *task.eval_prompts]:
+        text = task.render(p)
+        missing = sorted(set(text) - chars) if isinstance(text, str) else []
+        if missing:
+            raise ConfigError(f"policy 'tiny': task {task.id!r} prompt {p.id!r} has characters outside the tiny "
+                              f"policy's alphabet {''.join(sorted(chars))!r}: {''.join(missing[:10])!r}; {fix}")

@@ -104,7 +104,12 @@ class TrainConfig(SaraModel):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    """Held-out evaluation."""
+    """Held-out evaluation (skipped, with a note, for a task without held-out prompts)."""
+    max_verifier_failure_share: float = Field(0.5, ge=0, le=1)
+    """Stop the run (with an error naming the verifier and one failing completion) when the task's verifier raises or
+    times out on more than this share of a step's rollouts: a broken verifier scores everything 0, which would
+    otherwise look like a hard task. 1 = never stop; the counts are logged as ``env/verifier_errors`` and
+    ``env/verifier_timeouts`` either way."""
     checkpoint_every: int = Field(0, ge=0)
     """Write a checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -19,10 +19,10 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,39 +32,11 @@ from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
 from sara.train.config import TrainConfig
+from sara.train.guards import VerifierHealth
 from sara.train.learner import Learner, planned_optimizer_steps
+from sara.train.summary import RunSummary
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
-
-
-@dataclass
-class RunSummary:
-    """What a run achieved (``sara train`` prints it; ``sara matrix`` tabulates it)."""
-
-    name: str
-    algo: str
-    allocator: str
-    steps: int
-    acc_before: float
-    acc_after: float
-    greedy_before: float | None
-    greedy_after: float | None
-    rollouts: int
-    tokens: int
-    effective_groups: int
-    committed_groups: int
-    p_mixed: float
-    ds_rollouts_estimate: float
-    wall_seconds: float
-    out_dir: str
-    abandoned_tokens: int = 0
-    """Tokens generated for units the allocator abandoned (spent without reaching the batch)."""
-    ds_tokens_estimate: float = float("nan")
-    """Tokens DS would have generated: ``ds_rollouts_estimate`` x this run's mean tokens per rollout."""
-
-    @property
-    def effective_fraction(self) -> float:
-        return self.effective_groups / self.committed_groups if self.committed_groups else 0.0
 
 
 class Trainer:
@@ -98,8 +70,9 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         self.algo = make_algo(cfg.algo)
         self.task = make_task(cfg.task)
-        if not self.task.eval_prompts:
-            raise ConfigError(f"train config: field 'task': {cfg.task!r} has no held-out prompts to evaluate on")
+        if not self.task.eval_prompts and verbose:
+            print(f"sara: note: task {self.task.id!r} has no held-out prompts: no evaluation (eval/* metrics); hold "
+                  "some out with the task option eval_size=N", file=sys.stderr, flush=True)
         policy_name, policy_options = cfg.component("policy")
         backend_name, backend_options = cfg.component("backend")
         policy_factory = _lookup(POLICIES, policy_name, "policy")
@@ -123,12 +96,23 @@ class Trainer:
         mode = cfg.scorer if cfg.scorer != "auto" else ("thread" if self.task.thread_safe else "process")
         self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
         self.allocator = make_allocator(cfg.allocator, k=cfg.k)
-        # Tree allocators that send node handles need the environment that turns them into partial traces.
-        env_cls = TreeTaskEnv if getattr(self.allocator.config, "node_prefix", False) else TaskEnv
-        self.env = env_cls(self.task, self.backend, sampling, scorer=self.scorer)
-        self.eval_env = TaskEnv(self.task, self.backend, sampling, split="eval", scorer=self.scorer)
-        greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, stop=sampling.stop)
-        self.greedy_env = TaskEnv(self.task, self.backend, greedy, split="eval", scorer=self.scorer)
+        # Tree allocators that send node handles need the environment that turns them into partial traces (on a
+        # chat task, rendered to text by the backend's chat template so a trace can be appended).
+        if getattr(self.allocator.config, "node_prefix", False):
+            render = getattr(self.backend, "render_chat", None)
+            if self.task.chat and render is None:
+                raise ConfigError(f"train config: field 'allocator': {cfg.allocator!r} continues partial traces, and "
+                                  f"task {self.task.id!r} renders chat messages that backend {cfg.backend!r} cannot "
+                                  "turn into text; use the hf or vllm backend, or the task option chat=false")
+            self.env = TreeTaskEnv(self.task, self.backend, sampling, scorer=self.scorer, render_chat=render)
+        else:
+            self.env = TaskEnv(self.task, self.backend, sampling, scorer=self.scorer)
+        self.eval_env = self.greedy_env = None
+        if self.task.eval_prompts:
+            self.eval_env = TaskEnv(self.task, self.backend, sampling, split="eval", scorer=self.scorer)
+            greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, stop=sampling.stop)
+            self.greedy_env = TaskEnv(self.task, self.backend, greedy, split="eval", scorer=self.scorer)
+        self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
         self.sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
         self.step = 0
         self.version = 0
@@ -137,12 +121,19 @@ class Trainer:
         self.evals: list[dict[str, float]] = []
         self.wall_seconds = 0.0
         self.resumed_from: Path | None = None
+        self.skipped_checkpoints: list[str] = []  # newer checkpoints --resume could not use, and why
+        self.last_checkpoint: Path | None = None
+        self._saved_step = -1
         if resume:
-            from sara.train.checkpoint import latest_checkpoint
+            from sara.train.checkpoint import resume_checkpoint
 
-            path = latest_checkpoint(self.out_dir / "checkpoints")
-            if path is not None:
-                self.load(path)
+            path, state, self.skipped_checkpoints = resume_checkpoint(self.out_dir / "checkpoints")
+            for msg in self.skipped_checkpoints:
+                print(f"sara: warning: {msg}; skipped it", file=sys.stderr, flush=True)
+            if path is not None and state is not None:
+                self.load_state_dict(state)
+                self.resumed_from = self.last_checkpoint = path
+                self._saved_step = self.step
                 if verbose:
                     print(f"resumed from {path} (step {self.step})", flush=True)
 
@@ -160,8 +151,10 @@ class Trainer:
         with timer("step"):
             # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds.
             with timer("collect"):
+                self.verifier_health.begin()
                 result = collect(self.allocator, self.env, self.sampler, target_groups=cfg.groups_per_step,
                                  max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step)
+                health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
             # 2. Advantages: rollout-time log-probs (old, reference), values, then the algorithm's estimator.
             with timer("advantages"):
                 batch = learner.make_batch(result.groups)
@@ -176,15 +169,22 @@ class Trainer:
                     self.version += 1
                     self.backend.update_weights(self.policy.state_dict(), self.version)
             self.step += 1
-            metrics = {**self._collect_metrics(result), **algo_metrics, **extra.get("metrics", {})}
+            metrics = {**self._collect_metrics(result), **health, **algo_metrics, **extra.get("metrics", {})}
+            self.totals["verifier_errors"] += health["env/verifier_errors"]
+            self.totals["verifier_timeouts"] += health["env/verifier_timeouts"]
         metrics.update(timer.metrics())
         return metrics
 
     # ------------------------------------------------------------------------------------------ the run loop
     def train(self, steps: int | None = None, *, log: bool = True) -> RunSummary:
         """Train until ``steps`` (default ``config.steps``) or the rollout budget is spent; evaluate, checkpoint,
-        log JSONL (+ TensorBoard), plot; return a summary."""
+        log JSONL (+ TensorBoard), plot; return a summary.
+
+        SIGINT / SIGTERM (the first of them) end the run after the running step with a final checkpoint; the summary
+        says which signal (``interrupted``). A checkpoint that cannot be written (e.g. a full disk) is a warning.
+        """
         from sara.metrics import MetricsLogger, plot_learning_curves, read_jsonl
+        from sara.train.guards import StopSignals
 
         cfg = self.config
         total = cfg.steps if steps is None else steps
@@ -193,10 +193,24 @@ class Trainer:
                                resume_step=self.step if self.resumed_from is not None else None,
                                show={"acc": "eval/acc_sample", "reward": "env/reward_mean",
                                      "eff": "alloc/effective_fraction", "rollouts": "env/cum_rollouts"})
+        with StopSignals() as stop:
+            self._loop(total, logger, stop)
+        records = read_jsonl(logger.path)
+        try:
+            plot_learning_curves(records, self.out_dir / "learning_curve.png",
+                                 title=f"{cfg.algo} + {cfg.allocator} on {cfg.task}")
+        except ImportError:  # matplotlib is optional
+            pass
+        summary = self.summary(records)
+        summary.interrupted = stop.received
+        return summary
+
+    def _loop(self, total: int, logger: Any, stop: Any) -> None:
+        cfg = self.config
         try:
             if self.step == 0:
                 logger.log(0, {**self.evaluate(), **self._cumulative()})
-            while self.step < total and not self.budget_spent():
+            while self.step < total and not self.budget_spent() and stop.received is None:
                 t0 = time.perf_counter()
                 metrics = self.train_step()
                 if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step >= total or self.budget_spent():
@@ -212,13 +226,6 @@ class Trainer:
             self.save()
         finally:
             logger.close()
-        records = read_jsonl(logger.path)
-        try:
-            plot_learning_curves(records, self.out_dir / "learning_curve.png",
-                                 title=f"{cfg.algo} + {cfg.allocator} on {cfg.task}")
-        except ImportError:  # matplotlib is optional
-            pass
-        return self.summary(records)
 
     def budget_spent(self) -> bool:
         b = self.config.rollout_budget
@@ -252,6 +259,7 @@ class Trainer:
         return {"env/cum_rollouts": t["rollouts"], "env/cum_tokens": t["tokens"],
                 "env/cum_abandoned_tokens": t["abandoned_tokens"],
                 "env/cum_effective_groups": t["effective_groups"], "env/cum_committed_groups": t["committed_groups"],
+                "env/cum_verifier_errors": t["verifier_errors"], "env/cum_verifier_timeouts": t["verifier_timeouts"],
                 "env/p_mixed_estimate": self.outcomes.p_mixed(), "train/step": float(self.step),
                 "train/weights_version": float(self.version)}
 
@@ -261,6 +269,8 @@ class Trainer:
         from sara.types import RolloutRequest
 
         ec = self.config.eval
+        if self.eval_env is None:  # the task has no held-out prompts
+            return {}
         t0 = time.perf_counter()
         prompts = list(self.eval_env.prompts[: ec.num_prompts])
         seeds = derive_seeds(self.config.seed, 0xE7A1, np.arange(len(prompts))[:, None], np.arange(ec.samples)[None])
@@ -273,7 +283,7 @@ class Trainer:
                "eval/frac_prompts_unsolved": float((per_prompt == 0).mean())}
         if ec.greedy:
             reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=(0,)) for i, p in enumerate(prompts)]
-            out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in self.greedy_env.rollout(reqs)]))
+            out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in self.greedy_env.rollout(reqs)]))  # type: ignore[union-attr]
         out["time/eval"] = time.perf_counter() - t0
         self.evals.append({"step": float(self.step), **out})
         return out
@@ -293,7 +303,9 @@ class Trainer:
             rollouts=int(t["rollouts"]), tokens=int(t["tokens"]), effective_groups=int(t["effective_groups"]),
             committed_groups=int(t["committed_groups"]), p_mixed=p_mixed, ds_rollouts_estimate=ds,
             wall_seconds=self.wall_seconds, out_dir=str(self.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
-            ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"))
+            ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
+            verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
+            checkpoint=None if self.last_checkpoint is None else str(self.last_checkpoint))
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -312,19 +324,39 @@ class Trainer:
             "rng": rng_state(),
         }
 
-    def save(self) -> Path:
-        """Write ``<out_dir>/checkpoints/ckpt-<step>.pt`` atomically and prune old ones."""
-        from sara.train.checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
+    def save(self) -> Path | None:
+        """Write ``<out_dir>/checkpoints/ckpt-<step>.pt`` (+ ``.sha256`` marker) atomically and prune old ones. A
+        failed write (``OSError``: disk full) keeps the previous ones, warns saying so, returns None; training goes on."""
+        from sara.train import checkpoint as ck
 
-        path = save_checkpoint(self.state_dict(), checkpoint_path(self.out_dir / "checkpoints", self.step))
-        prune_checkpoints(self.out_dir / "checkpoints", self.config.keep_checkpoints)
+        directory = self.out_dir / "checkpoints"
+        path = ck.checkpoint_path(directory, self.step)
+        if self._saved_step == self.step and path.is_file():
+            return path
+        try:
+            ck.save_checkpoint(self.state_dict(), path)
+        except OSError as exc:
+            prev = ck.latest_checkpoint(directory)
+            kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
+            print(f"sara: warning: could not write checkpoint {path} ({exc.strerror or exc}); {kept}",
+                  file=sys.stderr, flush=True)
+            return None
+        self._saved_step, self.last_checkpoint = self.step, path
+        ck.prune_checkpoints(directory, self.config.keep_checkpoints)
         return path
 
     def load(self, path: str | Path) -> None:
-        """Restore a checkpoint written by ``save`` and push its weights to the generator."""
-        from sara.train.checkpoint import load_checkpoint, set_rng_state
+        """Restore a checkpoint written by ``save`` (verified; no code in it runs)."""
+        from sara.train.checkpoint import load_checkpoint
 
-        state = load_checkpoint(path)
+        self.load_state_dict(load_checkpoint(path))
+        self.resumed_from = self.last_checkpoint = Path(path)
+        self._saved_step = self.step
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned and push the weights to the generator."""
+        from sara.train.checkpoint import set_rng_state
+
         self.learner.load_state_dict(state["learner"])
         self.allocator.load_state_dict(state["allocator"])
         self.sampler.load_state_dict(state["sampler"])
@@ -337,12 +369,12 @@ class Trainer:
         self.evals = list(state.get("evals", []))
         if self.version > 0:
             self.backend.update_weights(self.policy.state_dict(), self.version)
-        self.resumed_from = Path(path)
 
     def close(self) -> None:
         """Stop verifier workers and the backend."""
         for env in (self.env, self.eval_env, self.greedy_env):
-            env.close()
+            if env is not None:
+                env.close()
         self.scorer.close()
         self.backend.close()
 

@@ -1,0 +1,97 @@
+"""What keeps a training run honest and stoppable: SIGINT / SIGTERM handling and verifier health.
+
+``StopSignals``: while active, the first SIGINT or SIGTERM only sets ``received`` (the trainer finishes the running
+step, writes a checkpoint and returns); a second one gets the default behaviour (``KeyboardInterrupt`` / termination).
+
+``VerifierHealth``: per step, the verifier errors and timeouts among that step's rollouts (``env/verifier_errors``,
+``env/verifier_timeouts``), their run totals, and a ``VerifierFailure`` when a step's share exceeds the configured
+limit, naming the verifier and one failing example, so a broken verifier stops the run instead of training on zeros.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from sara.config import SaraError
+
+__all__ = ["StopSignals", "VerifierHealth", "VerifierFailure"]
+
+
+class VerifierFailure(SaraError, RuntimeError):
+    """The task's verifier failed (raised or timed out) on too many rollouts; the message names it and an example."""
+
+
+class StopSignals:
+    """Context manager: the first SIGINT / SIGTERM sets ``received`` to the signal's name; the second is not caught.
+
+    Outside the main thread (where Python cannot install handlers) it does nothing and ``received`` stays None.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received, self.signum = signal.Signals(signum).name, signum
+        for s, handler in self._previous.items():  # a second signal is not deferred
+            signal.signal(s, handler)
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+
+class VerifierHealth:
+    """Counts a task verifier's errors and timeouts per training step and stops a run whose verifier is broken.
+
+    Args:
+        env: The training ``TaskEnv`` (its ``metrics()`` holds the cumulative verifier counters of its scorer, and
+            ``last_verifier_failure`` an example).
+        verifier: The verifier, for the error message.
+        max_share: Largest tolerated share of a step's rollouts with a verifier error or timeout.
+    """
+
+    def __init__(self, env: Any, verifier: Any, max_share: float) -> None:
+        self.env, self.max_share = env, float(max_share)
+        self.name = getattr(verifier, "__qualname__", None) or type(verifier).__qualname__
+        module = getattr(verifier, "__module__", None)
+        self.name = f"{module}.{self.name}" if module else self.name
+        self._mark = self._counts()
+
+    def _counts(self) -> tuple[float, float]:
+        m = self.env.metrics()
+        return m.get("env/verifier_errors", 0.0), m.get("env/verifier_timeouts", 0.0)
+
+    def begin(self) -> None:
+        """Mark the start of a step's collection (evaluation in between is not counted)."""
+        self._mark = self._counts()
+
+    def end(self, rollouts: int) -> dict[str, float]:
+        """This step's ``env/verifier_errors`` / ``env/verifier_timeouts``.
+
+        Raises:
+            VerifierFailure: more than ``max_share`` of the step's ``rollouts`` failed in the verifier.
+        """
+        errors, timeouts = (now - then for now, then in zip(self._counts(), self._mark))
+        failed = errors + timeouts
+        if rollouts and failed / rollouts > self.max_share:
+            example = getattr(self.env, "last_verifier_failure", None)
+            what = (f"; e.g. on completion {example[0][:200]!r}: {example[1][:300]}" if example else "")
+            raise VerifierFailure(
+                f"verifier {self.name} failed on {int(failed)} of {rollouts} rollouts this step ({int(errors)} "
+                f"errors, {int(timeouts)} timeouts), more than max_verifier_failure_share={self.max_share:g}"
+                f"{what}. Fix the verifier (or raise the limit)")
+        return {"env/verifier_errors": float(errors), "env/verifier_timeouts": float(timeouts)}
+
