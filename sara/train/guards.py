@@ -14,6 +14,7 @@ import signal
 import threading
 from typing import Any
 
+from sara.collect import CollectObserver
 from sara.config import SaraError
 
 __all__ = ["StopSignals", "VerifierHealth", "VerifierFailure"]
@@ -53,18 +54,23 @@ class StopSignals:
         self._previous = {}
 
 
-class VerifierHealth:
+class VerifierHealth(CollectObserver):
     """Counts a task verifier's errors and timeouts per training step and stops a run whose verifier is broken.
+
+    A ``collect`` observer: it checks after every round that closed units once ``min_rollouts`` rollouts are in
+    (a broken verifier makes every group saturated, so the step would otherwise run to ``max_rounds``), and at the end
+    of the step (``end``) whatever the count.
 
     Args:
         env: The training ``TaskEnv`` (its ``metrics()`` holds the cumulative verifier counters of its scorer, and
             ``last_verifier_failure`` an example).
         verifier: The verifier, for the error message.
         max_share: Largest tolerated share of a step's rollouts with a verifier error or timeout.
+        min_rollouts: Rollouts a step needs before it is judged mid-step.
     """
 
-    def __init__(self, env: Any, verifier: Any, max_share: float) -> None:
-        self.env, self.max_share = env, float(max_share)
+    def __init__(self, env: Any, verifier: Any, max_share: float, min_rollouts: int = 32) -> None:
+        self.env, self.max_share, self.min_rollouts = env, float(max_share), int(min_rollouts)
         self.name = getattr(verifier, "__qualname__", None) or type(verifier).__qualname__
         module = getattr(verifier, "__module__", None)
         self.name = f"{module}.{self.name}" if module else self.name
@@ -74,12 +80,16 @@ class VerifierHealth:
         m = self.env.metrics()
         return m.get("env/verifier_errors", 0.0), m.get("env/verifier_timeouts", 0.0)
 
-    def begin(self) -> None:
+    def begin(self, state: Any = None) -> None:
         """Mark the start of a step's collection (evaluation in between is not counted)."""
         self._mark = self._counts()
 
+    def closed(self, state: Any, unit_ids: Any, decisions: Any) -> None:
+        if state.rollouts >= self.min_rollouts:
+            self.end(state.rollouts)
+
     def end(self, rollouts: int) -> dict[str, float]:
-        """This step's ``env/verifier_errors`` / ``env/verifier_timeouts``.
+        """This step's ``env/verifier_errors`` / ``env/verifier_timeouts`` so far.
 
         Raises:
             VerifierFailure: more than ``max_share`` of the step's ``rollouts`` failed in the verifier.

@@ -151,9 +151,9 @@ class Trainer:
         with timer("step"):
             # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds.
             with timer("collect"):
-                self.verifier_health.begin()
                 result = collect(self.allocator, self.env, self.sampler, target_groups=cfg.groups_per_step,
-                                 max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step)
+                                 max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step,
+                                 observers=[self.verifier_health])
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
             # 2. Advantages: rollout-time log-probs (old, reference), values, then the algorithm's estimator.
             with timer("advantages"):
