@@ -17,6 +17,7 @@ Built-in tasks are registered lazily, so ``import sara.envs.tasks`` imports neit
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -68,7 +69,14 @@ def make_task(spec: str, **options: Any) -> Task:
         factory = TASKS.get(name)
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
-    task = factory(**{**spec_options, **options})
+    kwargs = {**spec_options, **options}
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:  # the factory cannot take these options (or is not a task factory)
+        raise ConfigError(f"task {name!r}: {exc}") from None
+    except ValueError:  # no signature to check (a builtin)
+        pass
+    task = factory(**kwargs)
     if not isinstance(task, Task):
         raise ConfigError(f"task {name!r}: factory returned {type(task).__name__}, expected sara.envs.tasks.Task")
     return task
