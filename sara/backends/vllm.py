@@ -41,7 +41,7 @@ from sara.backends.text import encode_prompt
 from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
-from sara.hub import generator_state, resolve_model
+from sara.hub import check_torch_companions, generator_state, resolve_model
 from sara.storage import cache_root
 
 __all__ = ["VLLMBackend", "VLLMBackendConfig", "SaraWorkerExtension", "make_vllm_backend"]
@@ -108,6 +108,7 @@ class VLLMBackend:
         if model is not None:
             options["model"] = str(model)
         self.config = cfg = validate_config(VLLMBackendConfig, options, what="backend 'vllm'")
+        check_torch_companions()  # a torchvision & co. that does not match torch breaks the imports below
         self.model_path = resolve_model(cfg.model, cfg.cache_dir)
         _set_cpu_env(cfg)
         from transformers import AutoConfig, AutoTokenizer

@@ -24,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from sara.hub import ModelPrepareError, is_prepared, model_dir, prepare_model
+    from sara.hub import ModelPrepareError, check_torch_companions, is_prepared, model_dir, prepare_model
 
+    check_torch_companions()  # a broken torchvision & co. would fail the conversion and every later HF / vLLM load
     target = model_dir(args.name, args.cache_dir)
     if is_prepared(target) and not args.force:
         print(f"{args.name}: already prepared at {target}")
