@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> dict:
     from sara.envs.base import SamplingConfig
     from sara.envs.task_env import TaskEnv
     from sara.envs.tasks import make_task
-    from sara.hub import prepare_model, resolve_model
+    from sara.hub import resolve_model
     from sara.integrations.trl_async import SaraRolloutWorker
     from sara.integrations.trl_trainer import async_grpo_trainer
 
-    model_dir = prepare_model(args.model) if args.model == "smollm2" else resolve_model(args.model)
+    model_dir = resolve_model(args.model)  # a prepared name (prepared on first use) or an HF model directory
     task = make_task(args.task)
     backend = HFBackend(str(model_dir), dtype=args.gen_dtype, max_batch_size=64)
     env = TaskEnv(task, backend, SamplingConfig(max_new_tokens=args.max_new_tokens, stop=task.stop))
