@@ -28,6 +28,8 @@ def _one_step(tmp_path, task: str, allocator: str, **overrides) -> dict:
     with Trainer(TrainConfig(**cfg)) as trainer:
         summary = trainer.train()
         assert trainer.step == 1 and summary.rollouts > 0
+        if type(trainer.env).__name__ == "TreeTaskEnv" and trainer.task.chat:  # traces go after the chat template
+            assert trainer.env.render_chat == trainer.backend.render_chat
         return {"summary": summary, "env": type(trainer.env).__name__}
 
 
@@ -50,8 +52,11 @@ def test_the_tiny_policy_refuses_a_chat_task_in_one_line(tmp_path, task):
         _one_step(tmp_path, task, "sara", policy_options={"warm_start": {"steps": 0}})
 
 
+# SmolLM2 on CPU is the expensive part of CI: the smallest step that still closes groups (2 groups x k=2, at most
+# 4 rollouts, 2 new tokens, one held-out prompt)
 HF = {"policy": "hf", "policy_options": {"model": "smollm2", "dtype": "float32"}, "backend": "hf",
-      "backend_options": {"dtype": "bfloat16", "max_batch_size": 32}, "max_new_tokens": 4, "optim": {"lr": 1e-5}}
+      "backend_options": {"dtype": "bfloat16", "max_batch_size": 32}, "max_new_tokens": 2, "optim": {"lr": 1e-5},
+      "max_rollouts_per_step": 4, "eval": {"num_prompts": 1, "samples": 1, "greedy": False}}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +72,7 @@ def smollm2():
 
 @pytest.mark.slow
 @pytest.mark.hf
-@pytest.mark.parametrize("task", CHAT_TASKS)
+@pytest.mark.parametrize("task", [t for t in CHAT_TASKS if t != "sara/Countdown-v0"])  # Countdown: below
 def test_chat_task_one_step_on_smollm2(smollm2, tmp_path, task):
     out = _one_step(tmp_path, task, "sara", **HF)  # MATH / GSM8K / AIME: no held-out split by default, no evaluation
     if not make_task(task).eval_prompts:
@@ -79,4 +84,7 @@ def test_chat_task_one_step_on_smollm2(smollm2, tmp_path, task):
 @pytest.mark.parametrize("allocator", ALLOCATOR_SPECS)
 def test_chat_task_x_allocator_one_step_on_smollm2(smollm2, tmp_path, allocator):
     out = _one_step(tmp_path, "sara/Countdown-v0", allocator, **HF)
+    # sara_tree:node_prefix=true gets the tree env with the backend's chat template (whether SmolLM2's rewards lead
+    # the allocator to deepen a branch in one step is up to the model; tests/test_tree_task_env.py checks deepening
+    # on a chat task with a scripted backend)
     assert out["env"] == ("TreeTaskEnv" if "node_prefix=true" in allocator else "TaskEnv")

@@ -123,3 +123,39 @@ def test_trainer_uses_tree_env_and_trains_on_leaves_consistently(tmp_path):
         m = trainer.train_step()
     assert m["alloc/committed_rollouts"] > 0
     assert abs(m["algo/gen_logprob_gap"]) < 1e-4  # leaves under a trace: generator and trainer agree on log-probs
+
+
+class ChatBackend(ScriptedBackend):
+    """Answers every prompt with a fixed text, continued after the partial trace of a rendered chat prompt."""
+
+    logprob = -0.1
+    prompt_ids = False
+    full = "let me think about it\n"
+
+    def answer(self, request: GenerationRequest, seed: int) -> str:
+        if not isinstance(request.prompt, str):  # chat messages: the engine applies its template (no trace)
+            return self.full
+        trace = request.prompt.split("<|assistant|>", 1)[1]
+        return self.full[len(trace):] if self.full.startswith(trace) else self.full
+
+
+def test_tree_on_a_chat_task_renders_messages_before_appending_traces():
+    """sara_tree:node_prefix=true on sara/Countdown-v0 (chat messages): with render_chat the deepening leaf continues
+    the chat-rendered prompt + trace; without it, appending a trace is the documented error."""
+    def render(messages):
+        return "".join(f"<|{m['role']}|>{m['content']}" for m in messages) + "<|assistant|>"
+
+    opts = {"pool_size": 8, "eval_size": 2}
+    env = TreeTaskEnv("sara/Countdown-v0", ChatBackend(), scorer_mode="inline", task_options=opts, render_chat=render)
+    assert env.task.chat
+    p = env.prompts[0]
+    r = RolloutRequest(unit_id=0, pool_index=0, prompt=p, seeds=(1, 2),
+                       prefix=format_handle(0, 0, 4, [0, 0], [True, False]))
+    (group,) = env.rollout([r])
+    trace = env.trace(0, 0, 0)
+    assert trace == "let me " and group[1].metadata["prefix"] == trace
+    assert trace + group[1].completion == ChatBackend.full
+    bare = TreeTaskEnv("sara/Countdown-v0", ChatBackend(), scorer_mode="inline", task_options=opts)
+    with pytest.raises(ValueError, match="renders chat messages; pass render_chat="):
+        bare.rollout([RolloutRequest(unit_id=0, pool_index=0, prompt=p, seeds=(1, 2),
+                                     prefix=format_handle(0, 0, 4, [0, 0], [True, False]))])
