@@ -181,7 +181,7 @@ class StepState:
     """
 
     def __init__(self, allocator: BudgetAllocator, prompts: Sequence[Prompt], *, seed: int, eps: float | None = None,
-                 observers: Sequence[CollectObserver] = ()) -> None:
+                 observers: Sequence[CollectObserver] = (), timer: PhaseTimer | None = None) -> None:
         self.allocator, self.prompts, self.seed = allocator, prompts, int(seed)
         self.step, self.k, self.target_groups = allocator.step, allocator.k, allocator.target_groups
         self.eps = allocator.eps if eps is None else float(eps)
@@ -196,7 +196,7 @@ class StepState:
         self.rollouts = self.rounds = self.drawn = 0
         self.exhausted = False
         self._seen: dict[int, int] = defaultdict(int)
-        self.timer = PhaseTimer()  # drivers time the allocator ("allocator") and the environment ("env") here
+        self.timer = timer or PhaseTimer()  # drivers time the allocator ("allocator") and the environment ("env")
         self._decisions0 = allocator.metrics().get("alloc/decisions", 0.0)
         for obs in self.observers:
             obs.begin(self)
@@ -209,9 +209,7 @@ class StepState:
         timer = PhaseTimer()
         with timer("allocator"):
             allocator.begin_step(target_groups, step, max_rollouts=max_rollouts)
-        st = cls(allocator, prompts, seed=seed, eps=eps, observers=observers)
-        st.timer = timer
-        return st
+        return cls(allocator, prompts, seed=seed, eps=eps, observers=observers, timer=timer)
 
     def pool_index(self, unit_ids: np.ndarray) -> np.ndarray:
         return self.allocator.pool_indices(unit_ids)

@@ -9,8 +9,9 @@ pytest.importorskip("torch")
 from sara.train import TrainConfig, Trainer  # noqa: E402
 
 MARGIN = 0.02
-"""Held-out sampled accuracy (300 prompts x 4 samples, the same seeds before and after) must rise by at least this.
-Measured on this machine with these settings: 0.174 -> 0.2175 after 15 steps."""
+"""Held-out sampled accuracy (300 prompts x 4 samples, the same seeds before and after) must rise by at least this
+after 15 steps (the default 600-step warm start now starts near 0.94, so the rise is small but well above the
+evaluation's noise at these seeds)."""
 
 
 @pytest.mark.slow
