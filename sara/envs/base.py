@@ -16,7 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["RolloutEnv", "GenerationBackend", "GenerationRequest", "Completion", "SamplingConfig"]
+__all__ = ["RolloutEnv", "StreamingEnv", "GenerationBackend", "StreamingBackend", "GenerationRequest", "Completion",
+           "SamplingConfig"]
 
 
 @runtime_checkable
@@ -38,6 +39,36 @@ class RolloutEnv(Protocol):
         Returns:
             ``out[i]`` holds ``requests[i].n`` rollouts, in seed order.
         """
+        ...
+
+
+@runtime_checkable
+class StreamingEnv(Protocol):
+    """A ``RolloutEnv`` that also streams (``sara.collect_stream`` drives it): single rollouts go in under integer
+    tags as engine slots free up, and each scored rollout comes back as soon as it finishes.
+
+    Attributes:
+        prompts: The prompt pool.
+        slots: Rollouts the engine generates concurrently at full occupancy (the driver keeps this many in flight).
+    """
+
+    prompts: Sequence[Prompt]
+    slots: int
+
+    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]: ...
+
+    def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
+        """Start one rollout per item (``request.n == 1``) under the item's tag (unique while in flight)."""
+        ...
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Rollout]]:
+        """Advance generation until at least one rollout finished and return every finished ``(tag, rollout)``
+        (scored). In-process engines run decode ticks; remote / async engines wait at most ``timeout`` seconds
+        (None = until something finishes). Empty only when nothing is in flight (or the timeout passed)."""
+        ...
+
+    def abort(self, tags: Sequence[int]) -> int:
+        """Cancel in-flight rollouts (unknown or finished tags are ignored); returns the tokens they had generated."""
         ...
 
 
@@ -120,4 +151,40 @@ class GenerationBackend(Protocol):
 
     def close(self) -> None:
         """Release engines, processes and memory."""
+        ...
+
+
+@runtime_checkable
+class StreamingBackend(Protocol):
+    """A backend with continuous batching: completions join the running batch as slots free up and leave it the
+    moment they finish (vLLM's async engine, the tiny and HF backends' slot-refill loops, a Ray pool of those).
+
+    Completions are requested one at a time (``GenerationRequest`` with exactly one seed) under integer tags. A
+    backend that honours per-request seeds returns the same completion for a (prompt, seed) whatever else is in
+    flight, as ``generate`` does. Every completion's ``metadata["weights_version"]`` names the weights that made it.
+
+    Attributes:
+        slots: Completions generated concurrently at full occupancy (a driver keeps about this many in flight).
+    """
+
+    slots: int
+
+    def submit(self, items: Sequence[tuple[int, GenerationRequest]], sampling: SamplingConfig) -> None:
+        """Queue one completion per item (``request.n == 1``) under its tag (unique while in flight)."""
+        ...
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Completion]]:
+        """Generate until at least one queued completion finished; return every finished ``(tag, completion)``.
+
+        In-process engines run decode steps (deterministic: no wall-clock enters); remote / async engines wait at
+        most ``timeout`` seconds (None = until one finishes). Empty only when nothing is in flight or on timeout.
+        """
+        ...
+
+    def abort(self, tags: Sequence[int]) -> int:
+        """Cancel in-flight completions (unknown / finished tags ignored); returns the tokens they had generated."""
+        ...
+
+    def inflight(self) -> int:
+        """Completions submitted and neither returned by ``poll`` nor aborted."""
         ...
