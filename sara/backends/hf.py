@@ -51,6 +51,9 @@ class HFBackendConfig(SaraModel):
     """Torch device of the generating model."""
     max_batch_size: int = Field(64, ge=1)
     """Rows (completions) decoded together; larger rounds are split into chunks of whole requests."""
+    stream_slots: int | None = Field(None, ge=1)
+    """Completions decoded together by the streaming loop (``submit`` / ``poll``, ``sara.backends.hf_stream``);
+    ``None`` = ``max_batch_size``."""
     share_policy: bool = False
     """Generate with the trainer's policy module itself (no copy, weight sync is free, but generation runs in the
     policy's dtype); otherwise the backend holds its own copy in ``dtype`` and ``update_weights`` copies the state."""
@@ -73,7 +76,10 @@ class _Row:
 
 
 class HFBackend:
-    """``GenerationBackend`` on a transformers causal LM.
+    """``GenerationBackend`` and ``StreamingBackend`` on a transformers causal LM.
+
+    ``generate`` runs one round; ``submit`` / ``poll`` / ``abort`` / ``inflight`` stream single completions through a
+    slot-refill decode loop (``sara.backends.hf_stream``) with ``slots`` rows, drawing every token as ``generate`` does.
 
     Args:
         model: A prepared model name / local HF directory (loaded here), or an already-loaded causal-LM module (used
@@ -93,6 +99,7 @@ class HFBackend:
         self.closed = False
         self.tokens_generated = 0
         self.per_request_seeds = True  # every completion is a function of its own seed (see the module docstring)
+        self._stream: Any = None  # the HFStreamEngine, created on the first submit
 
     @property
     def device(self) -> torch.device:
@@ -228,9 +235,10 @@ class HFBackend:
         return True
 
     @staticmethod
-    def _sample(logits: torch.Tensor, seeds: np.ndarray, t: int, sampling: SamplingConfig
+    def _sample(logits: torch.Tensor, seeds: np.ndarray, t: int | np.ndarray, sampling: SamplingConfig
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one token per row (inverse CDF with the per-row uniform ``u(seed, t)``); return ``(tokens, logp)``.
+        """Draw one token per row (inverse CDF with the per-row uniform ``u(seed, t)``; ``t`` is the token's index in
+        its completion, one for all rows or one per row); return ``(tokens, logp)``.
 
         ``logp`` is the sampled token's log-prob under the raw distribution (temperature 1, no top-p).
         """
@@ -251,6 +259,37 @@ class HFBackend:
         lp = logits.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - logz
         return tok, lp
 
+    # ------------------------------------------------------------------------------------------------ streaming
+    @property
+    def slots(self) -> int:
+        """Completions the streaming loop decodes together at full occupancy."""
+        return int(self.config.stream_slots or self.config.max_batch_size)
+
+    def submit(self, items: Sequence[tuple[int, GenerationRequest]], sampling: SamplingConfig) -> None:
+        """Queue one completion per ``(tag, request)`` (``request.n == 1``, tags unique while in flight)."""
+        if self.closed:
+            raise RuntimeError("HFBackend is closed")
+        if self._stream is None:
+            from sara.backends.hf_stream import HFStreamEngine
+
+            self._stream = HFStreamEngine(self, self.slots)
+        self._stream.submit(items, sampling)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Completion]]:
+        """Run decode steps until a completion finished; return every finished ``(tag, completion)`` (``timeout`` is
+        ignored: the loop is in process and deterministic). Empty only when nothing is in flight."""
+        if self.closed:
+            raise RuntimeError("HFBackend is closed")
+        return self._stream.poll() if self._stream is not None else []
+
+    def abort(self, tags: Sequence[int]) -> int:
+        """Cancel in-flight completions (unknown / finished tags ignored); returns the tokens they had generated."""
+        return self._stream.abort(tags) if self._stream is not None else 0
+
+    def inflight(self) -> int:
+        """Completions submitted and neither returned by ``poll`` nor aborted."""
+        return self._stream.inflight() if self._stream is not None else 0
+
     # ------------------------------------------------------------------------------------------------ weights
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Load the trainer's weights (cast to this copy's dtype); a no-op copy when the module is shared."""
@@ -270,6 +309,7 @@ class HFBackend:
         """Drop the model reference (memory is freed once the trainer lets go of it too)."""
         self.closed = True
         self.model = None
+        self._stream = None
 
 
 def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> HFBackend:
