@@ -29,7 +29,8 @@ __all__ = ["SimResult", "StreamingAllocator", "simulate_async", "simulate_sync"]
 
 @runtime_checkable
 class StreamingAllocator(Protocol):
-    """What ``simulate_async`` needs of an allocator beyond ``BudgetAllocator`` (``sara_async`` has it)."""
+    """What streaming drivers need of an allocator beyond ``BudgetAllocator`` (every ``SequentialAllocator`` has it,
+    ``sara.allocators.streaming``; one that sets ``streams = False`` is run in rounds)."""
 
     def dispatch(self, free: int) -> np.ndarray: ...
     def finished(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
@@ -89,9 +90,10 @@ def simulate_async(allocator: BudgetAllocator, env: Any, sampler: PromptSampler,
     ``env`` must offer ``SimulatedEnv``'s vectorized ``rewards(pool, seeds)`` and ``num_tokens(rewards, seeds)``.
     Rollout ``j`` of a unit gets the same seed as under ``collect`` (``seed, step, prompt, occurrence, j``).
     """
-    if not isinstance(allocator, StreamingAllocator):
+    if not isinstance(allocator, StreamingAllocator) or not getattr(allocator, "streams", True):
         raise ConfigError(f"simulate_async: field 'allocator': {type(allocator).__name__} has no streaming API "
-                          "(dispatch / finished / inflight / abort / wants_slots); use sara_async")
+                          "(dispatch / finished / inflight / abort / wants_slots); use a sequential allocator such "
+                          "as sara_async or sara")
     lat = _latency(latency)
     st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed)
     heap: list[tuple[float, int, int, float, float, float, int]] = []  # (finish, seq, unit, reward, tokens, start, seed)

@@ -193,6 +193,14 @@ class CollectStats:
         wrong_abandons: Abandoned units whose full size-k group would have been mixed (only when the environment can
             tell, e.g. the simulator; else ``None``).
         effective_rollouts: Rollouts inside effective committed groups.
+        aborted_rollouts: Rollouts started and cancelled before they finished (streaming drivers: in-flight rollouts
+            of units closed without them, and everything in flight at the step's end). They are in no group and not
+            in ``rollouts``: rollouts started == ``rollouts + aborted_rollouts``. ``collect`` leaves it 0.
+        aborted_tokens: Tokens the aborted rollouts had generated when cancelled (as the engine reported them; not
+            in ``tokens``). ``collect`` leaves it 0.
+        mean_inflight: Streaming drivers: rollouts in flight averaged over the driver's ``poll`` calls (poll-weighted,
+            not time-weighted: each poll counts once, with the rollouts in flight when it was issued), a measure of
+            engine occupancy next to ``env.slots``. ``collect`` leaves it 0.
     """
 
     rollouts: int = 0
@@ -216,6 +224,9 @@ class CollectStats:
     decisions: int = 0
     wrong_abandons: int | None = None
     effective_rollouts: int = 0
+    aborted_rollouts: int = 0
+    aborted_tokens: int = 0
+    mean_inflight: float = 0.0
 
     def as_metrics(self, prefix: str = "alloc/") -> dict[str, float]:
         """Flat ``{prefix + name: value}`` dict of the numeric fields (for loggers)."""

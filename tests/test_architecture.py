@@ -6,7 +6,7 @@ Layers, lowest first (a module may import its own layer and the ones below):
 0. core: types, config, registry, seeding, timing, storage, handles, deprecation, data
 1. decisions, algorithms and environments: allocators, algos, envs (tasks, simulators, task envs), metrics, hub
 2. models and engines: policies, backends
-3. drivers: collect, collect_async
+3. drivers: collect, collect_async, collect_stream
 4. training: train
 5. users' entry points: bench, testing, commands, cli, integrations
 
@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "sara.handles": 0, "sara.deprecation": 0, "sara.data": 0,
     "sara.allocators": 1, "sara.algos": 1, "sara.envs": 1, "sara.metrics": 1, "sara.hub": 1,
     "sara.policies": 2, "sara.backends": 2,
-    "sara.collect": 3, "sara.collect_async": 3,
+    "sara.collect": 3, "sara.collect_async": 3, "sara.collect_stream": 3,
     "sara.train": 4,
     "sara.bench": 5, "sara.testing": 5, "sara.commands": 5, "sara.cli": 5, "sara.integrations": 5,
 }

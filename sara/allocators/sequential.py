@@ -25,6 +25,7 @@ from sara.allocators.base import (
     EffectivenessModel,
     Prior,
 )
+from sara.allocators.streaming import StreamingMixin
 from sara.allocators.units import UnitStatus, UnitView
 from sara.types import Decision
 
@@ -76,12 +77,15 @@ class SequentialConfig(AllocatorConfig):
         return v
 
 
-class SequentialAllocator(BudgetAllocator):
+class SequentialAllocator(StreamingMixin, BudgetAllocator):
     """Template for sequential stopping rules: probe units in rounds, commit mixed ones, ask ``decide`` for the rest.
 
     Per round and unit: a mixed prefix is committed (and filled to k in ``complete`` mode); a prefix that reached k
     without mixing is a saturated group and is discarded; every other unit gets ``decide(units)``: ``CONTINUE``,
     ``COMMIT`` (stop probing, fill the group in one go) or ``ABANDON`` (free the rest of its budget).
+
+    Streaming drivers (``sara.collect_stream``) use the template's per-rollout API instead of ``plan`` / ``observe``
+    rounds: ``dispatch`` / ``finished`` / ``inflight`` / ``abort`` / ``wants_slots`` (``sara.allocators.streaming``).
     """
 
     name = "sequential"

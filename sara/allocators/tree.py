@@ -153,6 +153,7 @@ class TreeSARAAllocator(SARAAllocator):
     name = "sara_tree"
     Config = TreeConfig
     config: TreeConfig
+    streams = False  # observe credits leaves to the nodes plan() chose: streaming drivers run it in rounds
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)

@@ -1,4 +1,7 @@
-"""``TaskEnv``: a verifiable task on a generation backend, as the ``RolloutEnv`` that ``collect`` drives.
+"""``TaskEnv``: a verifiable task on a generation backend, as the ``RolloutEnv`` that ``collect`` drives (and, on a
+``StreamingBackend``, the ``StreamingEnv`` that ``sara.collect_stream`` drives: ``submit`` / ``poll`` / ``abort``
+single rollouts under integer tags; ``poll`` scores what finished in one scorer call and builds the ``Rollout``
+objects exactly as ``rollout`` does).
 
 One ``rollout`` call = one allocation round: every request's prompt is rendered (task template, then
 ``request.prefix`` appended), the whole round goes to ONE ``backend.generate`` call, and the completions are scored by
@@ -17,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sara.envs.base import GenerationBackend, GenerationRequest, SamplingConfig
+from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig, StreamingBackend
 from sara.envs.tasks import Task, make_task
 from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchScorer
 from sara.types import Prompt, Rollout, RolloutRequest
@@ -71,6 +74,7 @@ class TaskEnv:
         self.render_chat = render_chat
         self._counts = {"rounds": 0, "rollouts": 0, "tokens": 0, "truncated": 0, "reward_sum": 0.0,
                         "generate_seconds": 0.0, "score_seconds": 0.0}
+        self._pending: dict[int, RolloutRequest] = {}  # streaming: the request of every tag in flight
         self.last_verifier_failure: tuple[str, str] | None = None
         """The latest ``(completion, what went wrong)`` the verifier raised or timed out on (None: never)."""
 
@@ -87,6 +91,18 @@ class TaskEnv:
                 return rendered
         return rendered + request.prefix
 
+    @property
+    def streams(self) -> bool:
+        """Whether the backend streams (``StreamingBackend``): then this env is a ``StreamingEnv``."""
+        return isinstance(self.backend, StreamingBackend)
+
+    @property
+    def slots(self) -> int:
+        """The streaming backend's concurrent completions (``AttributeError`` when the backend cannot stream)."""
+        if not self.streams:
+            raise AttributeError(f"TaskEnv.slots: backend {type(self.backend).__name__} cannot stream")
+        return int(self.backend.slots)  # type: ignore[attr-defined]
+
     def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
         """Generate (one backend call) and score one round; ``out[i]`` holds ``requests[i].n`` rollouts."""
         if not requests:
@@ -95,43 +111,79 @@ class TaskEnv:
                                  max_new_tokens=r.max_new_tokens) for r in requests]
         t0 = time.perf_counter()
         outputs = self.backend.generate(gen, self.sampling)
-        t1 = time.perf_counter()
+        self._counts["generate_seconds"] += time.perf_counter() - t0
         if len(outputs) != len(requests) or any(len(o) != r.n for o, r in zip(outputs, requests)):
             raise RuntimeError(f"{type(self.backend).__name__}.generate returned a wrong number of completions")
-        texts = [r.prefix + c.text for r, o in zip(requests, outputs) for c in o]
-        answers = [r.prompt.answer for r, o in zip(requests, outputs) for _ in o]
-        scored = self.scorer.score(texts, answers)
-        t2 = time.perf_counter()
+        flat = self._score([(r, int(seed), c) for r, o in zip(requests, outputs) for seed, c in zip(r.seeds, o)])
+        out, k = [], 0
+        for r in requests:
+            out.append(flat[k: k + r.n])
+            k += r.n
+        return out
+
+    # ---- streaming (when the backend is a ``StreamingBackend``; ``sara.collect_stream`` drives it) ---------------
+    def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
+        """Start one rollout per ``(tag, request)`` (``request.n == 1``), rendered exactly as ``rollout`` renders."""
+        if not self.streams:
+            raise TypeError(f"TaskEnv.submit: backend {type(self.backend).__name__} cannot stream")
+        gen = []
+        for tag, r in items:
+            if r.n != 1:
+                raise ValueError(f"TaskEnv.submit: tag {tag}: a streamed request has exactly one seed, got {r.n}")
+            gen.append((int(tag), GenerationRequest(prompt=self.render(r), seeds=(int(r.seeds[0]),),
+                                                    max_new_tokens=r.max_new_tokens)))
+            self._pending[int(tag)] = r
+        t0 = time.perf_counter()
+        self.backend.submit(gen, self.sampling)  # type: ignore[attr-defined]
+        self._counts["generate_seconds"] += time.perf_counter() - t0
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Rollout]]:
+        """Every finished ``(tag, rollout)``, scored in one scorer call (built exactly as ``rollout`` builds them)."""
+        t0 = time.perf_counter()
+        done = self.backend.poll(timeout)  # type: ignore[attr-defined]
+        self._counts["generate_seconds"] += time.perf_counter() - t0
+        if not done:
+            return []
+        reqs = [self._pending.pop(int(tag)) for tag, _ in done]
+        rollouts = self._score([(r, int(r.seeds[0]), c) for r, (_, c) in zip(reqs, done)])
+        return [(int(tag), r) for (tag, _), r in zip(done, rollouts)]
+
+    def abort(self, tags: Sequence[int]) -> int:
+        """Cancel in-flight rollouts; returns the tokens they had generated (the backend's count)."""
+        for t in tags:
+            self._pending.pop(int(t), None)
+        return int(self.backend.abort(list(tags))) if tags else 0  # type: ignore[attr-defined]
+
+    def _score(self, items: Sequence[tuple[RolloutRequest, int, Completion]]) -> list[Rollout]:
+        """Score ``(request, seed, completion)`` triples in one scorer call; the ``Rollout`` of each, counted as one
+        round in ``metrics()``."""
+        t1 = time.perf_counter()
+        texts = [r.prefix + c.text for r, _, c in items]
+        scored = self.scorer.score(texts, [r.prompt.answer for r, _, _ in items])
+        self._counts["score_seconds"] += time.perf_counter() - t1
         failed = np.flatnonzero((scored.status == ERROR) | (scored.status == TIMEOUT))
         if len(failed):
             i = int(failed[0])
             self.last_verifier_failure = (texts[i], (f"raised {scored.errors[0]}" if scored.status[i] == ERROR and
                                                      scored.errors else f"timed out after {self.scorer.timeout_s:g} s"))
-        out: list[list[Rollout]] = []
-        k = 0
-        for req, comps in zip(requests, outputs):
-            group = []
-            for seed, c in zip(req.seeds, comps):
-                st = int(scored.status[k])
-                meta: dict[str, Any] = {} if st == OK else {"verifier": _STATUS[st]}
-                if req.prefix:
-                    meta["prefix"] = req.prefix
-                group.append(Rollout(
-                    prompt_id=req.prompt.id, pool_index=req.pool_index, completion=c.text,
-                    reward=float(scored.rewards[k]), num_tokens=c.num_tokens, seed=int(seed),
-                    token_ids=tuple(c.token_ids), logprobs=tuple(c.logprobs),
-                    prompt_token_ids=tuple(c.prompt_token_ids) if len(c.prompt_token_ids) else None,
-                    finish_reason=c.finish_reason, metadata=meta,
-                ))
-                self._counts["tokens"] += c.num_tokens
-                self._counts["truncated"] += c.finish_reason == "length"
-                k += 1
-            out.append(group)
+        out = []
+        for k, (req, seed, c) in enumerate(items):
+            st = int(scored.status[k])
+            meta: dict[str, Any] = {} if st == OK else {"verifier": _STATUS[st]}
+            if req.prefix:
+                meta["prefix"] = req.prefix
+            out.append(Rollout(
+                prompt_id=req.prompt.id, pool_index=req.pool_index, completion=c.text,
+                reward=float(scored.rewards[k]), num_tokens=c.num_tokens, seed=int(seed),
+                token_ids=tuple(c.token_ids), logprobs=tuple(c.logprobs),
+                prompt_token_ids=tuple(c.prompt_token_ids) if len(c.prompt_token_ids) else None,
+                finish_reason=c.finish_reason, metadata=meta,
+            ))
+            self._counts["tokens"] += c.num_tokens
+            self._counts["truncated"] += c.finish_reason == "length"
         self._counts["rounds"] += 1
-        self._counts["rollouts"] += k
+        self._counts["rollouts"] += len(items)
         self._counts["reward_sum"] += float(scored.rewards.sum())
-        self._counts["generate_seconds"] += t1 - t0
-        self._counts["score_seconds"] += t2 - t1
         return out
 
     def metrics(self) -> dict[str, float]:

@@ -1,0 +1,232 @@
+"""The streaming driver: allocator x streaming environment, rollout by rollout, without round barriers.
+
+``collect_stream`` keeps about ``max_inflight`` (default ``env.slots``) single rollouts in flight on a
+``StreamingEnv`` (``sara.envs.base``): whenever slots are free it asks the allocator which units get the next rollouts
+(``dispatch``; fresh prompts via ``wants_slots`` when it runs dry), submits them under integer tags, polls, feeds every
+finished rollout to the allocator at once (``finished``), closes units, and aborts the in-flight rollouts of every
+unit that closed without them. When the target is reached, everything still in flight is aborted. Aborted rollouts
+are counted (``CollectStats.aborted_rollouts`` / ``aborted_tokens``) and belong to no group: rollouts started ==
+delivered + aborted, and every delivered rollout is in exactly one committed / abandoned / discarded group.
+
+The bookkeeping is ``collect``'s own ``StepState``, so admission and rollout seeds are identical: rollout ``j`` of a
+unit gets the seed ``(seed, step, prompt, occurrence, j)`` whichever driver runs it. In-flight rollouts are never
+carried over to the next step: the step's end aborts them (bounded, counted waste; the next step's weights would have
+made them off-policy anyway).
+
+An allocator without the streaming API (``uniform``, ``ds``, ``sara_tree``, a custom ``BudgetAllocator``) runs in
+synchronous rounds over the stream (plan, submit the round, poll until it is in, observe): ``collect`` itself on a
+round adapter, so it commits the same groups as ``collect`` on the same environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sara.allocators.base import BudgetAllocator
+from sara.allocators.samplers import PromptSampler
+from sara.collect import CollectObserver, StepState, collect
+from sara.collect_async import StreamingAllocator
+from sara.config import ConfigError
+from sara.envs.base import StreamingEnv
+from sara.types import CollectResult, Rollout, RolloutRequest
+
+__all__ = ["collect_stream", "streams"]
+
+
+def streams(obj: Any) -> bool:
+    """Whether an allocator or an environment can be driven rollout by rollout (has the streaming API and does not
+    opt out with ``streams = False``)."""
+    proto = StreamingAllocator if isinstance(obj, BudgetAllocator) else StreamingEnv
+    return isinstance(obj, proto) and bool(getattr(obj, "streams", True))
+
+
+def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: PromptSampler, *, target_groups: int,
+                   max_inflight: int | None = None, max_rollouts: int | None = None, seed: int = 0,
+                   step: int | None = None, eps: float | None = None, observers: Sequence[CollectObserver] = (),
+                   poll_timeout: float | None = None) -> CollectResult:
+    """Run one collection step on a streaming environment until ``target_groups`` groups are committed.
+
+    Args:
+        allocator: Decides who gets rollouts. With the streaming API (every ``SequentialAllocator``: ``sara``,
+            ``sara_async``, ``bayes_optimal``, user subclasses) it is driven rollout by rollout; otherwise in rounds.
+        env: A ``StreamingEnv`` (e.g. ``TaskEnv`` on a streaming backend).
+        sampler: Supplies fresh prompt indices into ``env.prompts``.
+        target_groups: Committed groups wanted (the batch size).
+        max_inflight: Rollouts kept in flight at most (default ``env.slots``).
+        max_rollouts: Hard budget of rollouts STARTED in the step (delivered + aborted).
+        seed: Base seed of the rollouts (same seeds as ``collect``).
+        step: Step index (default: the allocator's next step). Enters the rollout seeds.
+        eps: A committed group is effective when its reward std exceeds this (default: ``allocator.eps``).
+        observers: Analysis hooks told about every closed unit (as in ``collect``).
+        poll_timeout: Seconds one ``env.poll`` may wait (None = until a rollout finishes; in-process engines ignore
+            it). A poll that times out empty is simply repeated.
+
+    Returns:
+        ``CollectResult`` as ``collect``'s, plus ``stats.aborted_rollouts`` / ``aborted_tokens`` and
+        ``stats.mean_inflight`` (poll-weighted). ``stats.rounds`` counts the polls that delivered rollouts (rounds
+        over the stream: the environment calls). ``stats.stop_reason``: ``target_reached``, ``max_rollouts``,
+        ``pool_exhausted``, ``allocator_done``.
+
+    Raises:
+        ConfigError: ``env`` cannot stream, ``max_inflight`` < 1, or ``target_groups`` larger than what the sampler
+            can supply.
+    """
+    if not streams(env):
+        raise ConfigError(f"collect_stream: field 'env': {type(env).__name__} cannot stream (it needs slots, submit, "
+                          "poll and abort on a streaming backend); use sara.collect.collect")
+    cap = int(env.slots if max_inflight is None else max_inflight)
+    if cap < 1:
+        raise ConfigError(f"collect_stream: field 'max_inflight': {cap} rollouts in flight; give at least 1")
+    if max_rollouts is not None and max_rollouts < 1:
+        raise ConfigError(f"collect_stream: field 'max_rollouts': {max_rollouts}; give at least 1 or None")
+    if not streams(allocator):
+        rounds = _RoundsOverStream(env, cap, poll_timeout)
+        res = collect(allocator, rounds, sampler, target_groups=target_groups, max_rollouts=max_rollouts, seed=seed,
+                      step=step, eps=eps, observers=observers)  # type: ignore[arg-type]
+        return dataclasses.replace(res, stats=dataclasses.replace(res.stats, mean_inflight=rounds.mean_inflight()))
+    room = sampler.capacity()
+    if target_groups < 1 or (room is not None and target_groups > room):
+        raise ConfigError(f"collect_stream: field 'target_groups': {target_groups} groups asked; give at least 1 and "
+                          f"at most what the sampler can supply ({room} more prompts)")
+    st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed, max_rollouts=max_rollouts,
+                         eps=eps, observers=observers)
+    run = _Stream(allocator, env, st, poll_timeout)
+    stop = ""
+    while not stop:
+        if len(st.committed) >= target_groups:
+            stop = "target_reached"
+            break
+        free = cap - len(run.live)
+        if max_rollouts is not None:
+            free = min(free, max_rollouts - run.started)
+        with st.timer("allocator"):
+            ids = allocator.dispatch(free)  # type: ignore[attr-defined]
+            m = allocator.wants_slots(free - len(ids)) if len(ids) < free and not st.exhausted else 0  # type: ignore[attr-defined]
+        if m > 0:
+            st.admit(sampler, m)
+            with st.timer("allocator"):
+                ids = np.concatenate([ids, allocator.dispatch(free - len(ids))])  # type: ignore[attr-defined]
+        run.submit(np.asarray(ids, np.int64))
+        if not run.live:
+            budget_spent = max_rollouts is not None and run.started >= max_rollouts
+            stop = "max_rollouts" if budget_spent else ("pool_exhausted" if st.exhausted else "allocator_done")
+            break
+        run.poll()
+    run.abort_units(np.unique(np.fromiter(run.live.values(), np.int64, count=len(run.live))))  # the step ends
+    with st.timer("allocator"):
+        closed = allocator.end_step()
+    st.close(*closed)
+    sampler.update(*allocator.observations(), st.step)
+    res = st.result(stop)
+    started = int(st.started.sum())
+    if started != run.started or started != res.stats.rollouts + run.aborted:
+        raise AssertionError(f"accounting broken: {started} rollouts started, {res.stats.rollouts} delivered, "
+                             f"{run.aborted} aborted")
+    stats = dataclasses.replace(res.stats, aborted_rollouts=run.aborted, aborted_tokens=run.aborted_tokens,
+                                mean_inflight=run.inflight_sum / run.polls if run.polls else 0.0)
+    return dataclasses.replace(res, stats=stats)
+
+
+class _Stream:
+    """The in-flight rollouts of one streaming step: tags, submission, polling, aborts and their counts."""
+
+    def __init__(self, allocator: Any, env: StreamingEnv, st: StepState, poll_timeout: float | None) -> None:
+        self.allocator, self.env, self.st, self.poll_timeout = allocator, env, st, poll_timeout
+        self.live: dict[int, int] = {}  # tag -> unit id, in submission order
+        self.next_tag = self.started = self.aborted = self.aborted_tokens = self.polls = self.inflight_sum = 0
+
+    def submit(self, ids: np.ndarray) -> None:
+        """Start one rollout per entry of ``ids`` (seeds from ``StepState.launch``)."""
+        if len(ids) == 0:
+            return
+        st, prompts = self.st, self.env.prompts
+        seeds = st.launch(ids)
+        with st.timer("allocator"):
+            prefixes = self.allocator.prefix(ids)
+        items = []
+        for u, p, s, pre in zip(ids.tolist(), st.pool_index(ids).tolist(), seeds.tolist(), prefixes):
+            items.append((self.next_tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),),
+                                                        prefix=pre)))
+            self.live[self.next_tag] = u
+            self.next_tag += 1
+        self.started += len(ids)
+        with st.timer("env"):
+            self.env.submit(items)
+
+    def poll(self) -> None:
+        """One ``env.poll``: deliver the finished rollouts, close units, abort what closed units still have running."""
+        st = self.st
+        self.polls += 1
+        self.inflight_sum += len(self.live)
+        with st.timer("env"):
+            done = self.env.poll(self.poll_timeout)
+        keep: list[tuple[int, Rollout]] = []
+        for tag, r in done:
+            if tag in self.live:
+                keep.append((tag, r))
+            else:  # finished before its abort reached the engine: already counted as aborted
+                self.aborted_tokens += int(r.num_tokens)
+        if not keep:
+            return
+        unit_ids = np.fromiter((self.live.pop(tag) for tag, _ in keep), np.int64, count=len(keep))
+        flat_ids, rewards = st.record(unit_ids, [r for _, r in keep])
+        with st.timer("allocator"):
+            closed, decisions = self.allocator.finished(flat_ids, rewards)
+        st.close(closed, decisions)
+        self.abort_units(np.asarray(closed, np.int64))
+
+    def abort_units(self, units: np.ndarray) -> None:
+        """Cancel every in-flight rollout of ``units`` (on the engine and in the allocator's bookkeeping)."""
+        if len(units) == 0 or not self.live:
+            return
+        with self.st.timer("allocator"):
+            busy = units[self.allocator.inflight(units) > 0]
+        if len(busy) == 0:
+            return
+        kill = set(busy.tolist())
+        tags = [t for t, u in self.live.items() if u in kill]
+        for t in tags:
+            del self.live[t]
+        with self.st.timer("env"):
+            self.aborted_tokens += int(self.env.abort(tags))
+        with self.st.timer("allocator"):
+            self.allocator.abort(busy)
+        self.aborted += len(tags)
+
+
+class _RoundsOverStream:
+    """A ``RolloutEnv`` view of a ``StreamingEnv``: one round = submit its rollouts (at most ``cap`` in flight, refilled
+    as they finish) and poll until all are in, returned in seed order (``collect``'s round, on a streaming engine)."""
+
+    def __init__(self, env: StreamingEnv, cap: int, poll_timeout: float | None) -> None:
+        self.env, self.cap, self.poll_timeout = env, cap, poll_timeout
+        self.prompts = env.prompts
+        self.polls = self.inflight_sum = 0
+
+    def __getattr__(self, name: str) -> Any:  # counterfactual_mixed and other analysis hooks of the env
+        return getattr(self.env, name)
+
+    def mean_inflight(self) -> float:
+        return self.inflight_sum / self.polls if self.polls else 0.0
+
+    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        flat = [(i, j, dataclasses.replace(r, seeds=(s,))) for i, r in enumerate(requests) for j, s in enumerate(r.seeds)]
+        out: list[list[Rollout | None]] = [[None] * r.n for r in requests]
+        where: dict[int, tuple[int, int]] = {}
+        nxt = 0
+        while nxt < len(flat) or where:
+            if nxt < len(flat) and len(where) < self.cap:
+                batch = flat[nxt: nxt + self.cap - len(where)]
+                self.env.submit([(nxt + t, item[2]) for t, item in enumerate(batch)])
+                where.update({nxt + t: (i, j) for t, (i, j, _) in enumerate(batch)})
+                nxt += len(batch)
+            self.polls += 1
+            self.inflight_sum += len(where)
+            for tag, r in self.env.poll(self.poll_timeout):
+                i, j = where.pop(tag)
+                out[i][j] = r
+        return out  # type: ignore[return-value]
