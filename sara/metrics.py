@@ -156,37 +156,37 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]], path: str | Path,
     return save_figure(fig, path)
 
 
-def plot_matrix(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, *,
-                key: str = "eval/acc_sample", title: str = "") -> Path:
-    """One panel per algorithm: held-out accuracy vs cumulative rollouts, one line per allocator.
+def plot_matrix(panels: Mapping[str, Mapping[str, Any]], path: str | Path, *, title: str = "") -> Path:
+    """One panel per algorithm: held-out accuracy vs cumulative rollouts, one mean line and band per cell.
 
     Args:
-        curves: ``{"algo/allocator": records}``.
+        panels: ``{algo: {"target": accuracy or None, "cells": {cell: {"x", "mean", "lo", "hi"}}}}``: each cell's
+            curve on a common rollout grid (``x``), its mean over seeds and a band (``lo`` - ``hi``); ``target`` is
+            drawn as a dashed horizontal line.
         path: PNG path.
-        key: The accuracy metric on the y axis.
+        title: Figure title.
     """
     plt = _pyplot()
-    algos = sorted({name.split("/")[0] for name in curves})
-    cols = min(len(algos), 4) or 1
-    rows = math.ceil(len(algos) / cols) or 1
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
-    for ax, algo in zip(axes.flat, algos):
-        for name, recs in sorted(curves.items()):
-            if name.split("/")[0] != algo:
-                continue
-            pts = [(r["env/cum_rollouts"], r[key]) for r in recs if r.get(key) is not None and "env/cum_rollouts" in r]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", ms=3, label=name.split("/", 1)[1])
+    cols = min(len(panels), 4) or 1
+    rows = math.ceil(len(panels) / cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), squeeze=False)
+    for ax, (algo, panel) in zip(axes.flat, panels.items()):
+        for name, c in panel["cells"].items():
+            (line,) = ax.plot(c["x"], c["mean"], lw=1.5, label=name)
+            if any(h > lo for lo, h in zip(c["lo"], c["hi"])):
+                ax.fill_between(c["x"], c["lo"], c["hi"], color=line.get_color(), alpha=0.18, lw=0)
+        target = panel.get("target")
+        if target is not None and math.isfinite(target):
+            ax.axhline(target, color="0.3", ls="--", lw=1, label=f"target {target:.3f}")
         ax.set_title(algo, fontsize=10)
         ax.set_xlabel("cumulative rollouts")
-        ax.set_ylabel(key)
+        ax.set_ylabel("held-out accuracy")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(algos):]:
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
 
 

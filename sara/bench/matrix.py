@@ -1,150 +1,230 @@
-"""The algorithm x allocator matrix: every cell a ``sara train`` run from the same policy and seed, at the same budget.
+"""The algorithm x allocator matrix: every cell x seed a ``sara train`` run from the same policy at the same budget.
 
-``run_matrix`` trains the cells (in parallel processes), writes ``matrix.json`` and ``matrix.png``; ``format_table``
-and ``sara_vs_ds`` turn the results into the markdown table and notes of ``sara matrix`` (``sara.commands.matrix``).
+A cell is an algorithm and an ``ALLOCATOR[@SAMPLER]`` spec (``parse_cells``); every cell runs seeds
+``base.seed .. base.seed + seeds - 1`` (``TrainConfig.seed``: rollouts, prompt order, mini-batch order and the
+evaluation's samples; the starting weights are the same for every seed). ``run_matrix`` trains all runs in parallel
+processes and hands them to ``sara.bench.matrix_report``, which measures them (``sara.bench.curves``) and writes
+``matrix.json``, ``matrix.md`` and ``matrix.png``.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sara.bench.summary import group_ratios
+from sara.config import ConfigError, parse_spec
 
-__all__ = ["format_table", "run_matrix", "sara_vs_ds"]
-
-
-def _cell_name(algo: str, alloc: str) -> str:
-    return f"{algo}-{alloc}".replace(":", "_").replace(",", "_").replace("=", "")
+__all__ = ["Cell", "parse_specs", "parse_cells", "run_matrix"]
 
 
-def _run_cell(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Worker: train one cell (in a fresh process) and return its summary + curve."""
+@dataclass(frozen=True)
+class Cell:
+    """One matrix cell: an algorithm spec, an allocator spec, and the cell's own sampler (None = the base config's).
+
+    ``spec`` is the allocator as written (``ALLOCATOR[@SAMPLER]``); ``name`` is filesystem-safe and unique in a run.
+    """
+
+    algo: str
+    allocator: str
+    sampler: str | None
+    spec: str
+    name: str
+
+
+def parse_specs(text: str, field: str, *, example: str) -> list[str]:
+    """Split a ``;``-separated list of specs (each may carry ``name:key=value,...`` options).
+
+    The old comma-separated form is accepted when it cannot be misread: no ``;`` and no ``:`` (``"ds,sara"``), or one
+    spec whose options are separated by commas (``"sara:prior=history,decay=0.95"``).
+
+    Raises:
+        ConfigError: an empty list, a repeated spec, or commas that could separate either specs or options.
+    """
+    text = text.strip()
+    if ";" in text:
+        parts = [p.strip() for p in text.split(";")]
+    elif ":" not in text:
+        parts = [p.strip() for p in text.split(",")]
+    else:
+        for side in text.split("@"):
+            try:
+                name, _ = parse_spec(side)
+            except ConfigError:
+                name = ","
+            if "," in name:
+                raise ConfigError(f"matrix: field '{field}': {text!r} is ambiguous (a comma separates both specs and "
+                                  f"a spec's options); separate specs with ';', e.g. --{field} \"{example}\"")
+        parts = [text]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise ConfigError(f"matrix: field '{field}': no specs given; e.g. --{field} \"{example}\"")
+    seen = {p for p in parts if parts.count(p) > 1}
+    if seen:
+        raise ConfigError(f"matrix: field '{field}': spec(s) {', '.join(sorted(seen))} given twice; give each once")
+    return parts
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.") or "cell"
+
+
+def parse_cells(algos: str | Sequence[str], allocators: str | Sequence[str]) -> list[Cell]:
+    """Every ``algo x allocator[@sampler]`` cell, algorithms outermost.
+
+    Args:
+        algos: ``"grpo;ppo:lam=0.95"`` or a list of algorithm specs.
+        allocators: ``"ds;sara;sara:prior=history,decay=0.95@predictive"`` or a list of ``ALLOCATOR[@SAMPLER]``.
+
+    Raises:
+        ConfigError: naming the field, for a malformed list or an empty allocator / sampler around ``@``.
+    """
+    algo_list = parse_specs(algos, "algos", example="grpo;ppo:lam=0.95") if isinstance(algos, str) else list(algos)
+    alloc_list = (parse_specs(allocators, "allocators", example="ds;sara:prior=history,decay=0.95@predictive")
+                  if isinstance(allocators, str) else list(allocators))
+    for a in algo_list:
+        if "@" in a:
+            raise ConfigError(f"matrix: field 'algos': {a!r}: '@SAMPLER' belongs to an allocator spec "
+                              "(--allocators \"sara@predictive\")")
+    cells: list[Cell] = []
+    names: set[str] = set()
+    for algo in algo_list:
+        for spec in alloc_list:
+            alloc, at, sampler = (s.strip() for s in spec.partition("@"))
+            if not alloc or (at and not sampler):
+                raise ConfigError(f"matrix: field 'allocators': {spec!r} must look like ALLOCATOR or "
+                                  "ALLOCATOR@SAMPLER (e.g. sara@predictive)")
+            base = name = _safe(f"{algo}-{spec}")
+            i = 2
+            while name.lower() in names:  # unique, also on case-insensitive filesystems
+                name, i = f"{base}-{i}", i + 1
+            names.add(name.lower())
+            cells.append(Cell(algo, alloc, sampler or None, spec, name))
+    return cells
+
+
+def _run_one(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Worker: train one run (in a fresh process); its summary plus the columnar eval curve.
+
+    ``curve["wall_s"]`` is training seconds (the sum of ``time/step``: collect, advantages, update, sync), without
+    the time spent evaluating.
+    """
     from sara.metrics import read_jsonl
     from sara.train import Trainer
 
-    t0 = time.perf_counter()
     with Trainer(cfg) as trainer:
         summary = trainer.train()
     out = asdict(summary)
-    out["wall_seconds"] = time.perf_counter() - t0
-    out["curve"] = [{k: r[k] for k in ("step", "env/cum_rollouts", "eval/acc_sample", "eval/acc_greedy") if k in r}
-                    for r in read_jsonl(Path(summary.out_dir) / "metrics.jsonl") if "eval/acc_sample" in r]
+    curve: dict[str, list[float]] = {"step": [], "rollouts": [], "tokens": [], "wall_s": [], "acc": []}
+    wall = 0.0
+    for r in read_jsonl(Path(summary.out_dir) / "metrics.jsonl"):
+        wall += float(r.get("time/step") or 0.0)
+        if r.get("eval/acc_sample") is None:
+            continue
+        for key, value in (("step", r["step"]), ("rollouts", r.get("env/cum_rollouts", 0.0)),
+                           ("tokens", r.get("env/cum_tokens", 0.0)), ("wall_s", wall), ("acc", r["eval/acc_sample"])):
+            curve[key].append(float(value))
+    out["curve"] = curve
+    out["seed"] = int(cfg["seed"])
     return out
 
 
-def run_matrix(base: Mapping[str, Any], algos: Sequence[str], allocators: Sequence[str], *, steps: int,
-               out_dir: str | Path, workers: int | None = None, eval_every: int | None = None
-               ) -> list[dict[str, Any]]:
-    """Train every (algo, allocator) cell from ``base`` at the same rollout budget; write table, plot and JSON.
+def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, out_dir: str | Path, seeds: int = 1,
+               workers: int | None = None, eval_every: int | None = None, reference: str = "ds",
+               target_acc: float | None = None, command: str = "") -> dict[str, Any]:
+    """Train every cell for every seed from ``base`` at the same rollout budget; measure and write the outputs.
 
     Args:
-        base: ``TrainConfig`` fields shared by every cell.
-        algos: Algorithm specs (``sara.algos.ALGOS``).
-        allocators: Allocator specs (``sara.allocators``).
+        base: ``TrainConfig`` fields shared by every run.
+        cells: From ``parse_cells``. The ``reference`` cell of each algorithm is added when missing (unless
+            ``target_acc`` is given).
         steps: Uniform-allocation steps defining the budget (``steps x groups_per_step x k`` rollouts), unless
-            ``base`` sets ``rollout_budget``.
-        out_dir: Output directory.
-        workers: Parallel processes (default: one per core, at most one per cell).
+            ``base`` sets ``rollout_budget``. A run stops when its budget is spent (at most ``2 x steps`` steps).
+        out_dir: Output directory (``matrix.json``, ``matrix.md``, ``matrix.png``, ``cells/<name>/seed<s>/``).
+        seeds: Seeds per cell (``base.seed + 0 .. seeds - 1``).
+        workers: Parallel processes (default: one per core, at most one per run).
         eval_every: Evaluate every this many steps (default: ``steps // 3``, so every curve has a few points).
+        reference: The allocator spec (``ALLOCATOR[@SAMPLER]``) whose mean final accuracy is the target and whose
+            rollouts to it are the denominator of the ratios.
+        target_acc: A fixed target accuracy instead of the reference's.
+        command: The command line, written at the top of ``matrix.md``.
 
     Returns:
-        One dict per cell: ``RunSummary`` fields plus ``curve`` (eval records) and ``wall_seconds``.
+        The report (``sara.bench.matrix_report.analyze``), also written to ``matrix.json``.
     """
+    from sara.bench.matrix_report import analyze, write_outputs
     from sara.config import validate_config
     from sara.envs.tasks import make_task
-    from sara.metrics import plot_matrix
     from sara.policies import POLICIES
     from sara.train import TrainConfig, default_threads
 
+    if seeds < 1:
+        raise ConfigError(f"matrix: field 'seeds': must be >= 1 (got {seeds})")
     out = Path(out_dir)
     base_cfg = validate_config(TrainConfig, dict(base), what="matrix base config")
     budget = base_cfg.rollout_budget or steps * base_cfg.groups_per_step * base_cfg.k
+    cells = list(cells)
+    if target_acc is None:
+        for algo in dict.fromkeys(c.algo for c in cells):
+            if not any(c.algo == algo and c.spec == reference for c in cells):
+                (ref,) = parse_cells([algo], [reference])
+                names = {c.name for c in cells}
+                cells.append(Cell(ref.algo, ref.allocator, ref.sampler, ref.spec,
+                                  ref.name if ref.name not in names else f"{ref.name}-ref"))
+                print(f"sara matrix: added the reference cell {algo} x {reference} (the target and the ratios' "
+                      "denominator; --target-acc X fixes the target instead)", flush=True)
+    seed_list = [base_cfg.seed + i for i in range(seeds)]
     cores = default_threads()
-    n_cells = len(algos) * len(allocators)
-    workers = max(1, min(workers or cores, n_cells))
+    n_runs = len(cells) * seeds
+    workers = max(1, min(workers or cores, n_runs))
     threads = max(1, cores // workers)
     every = eval_every if eval_every is not None else max(1, steps // 3)
-    cells = []
-    for algo in algos:
-        for alloc in allocators:
+    runs: list[tuple[Cell, dict[str, Any]]] = []
+    for cell in cells:
+        for seed in seed_list:
             cfg = base_cfg.model_copy(deep=True).model_dump()
-            cfg.update(algo=algo, allocator=alloc, name=_cell_name(algo, alloc), rollout_budget=budget,
-                       steps=2 * steps, out_dir=str(out / "cells" / _cell_name(algo, alloc)), threads=threads,
-                       progress=False, tensorboard=False, checkpoint_every=0)
+            cfg.update(algo=cell.algo, allocator=cell.allocator, name=f"{cell.name}-seed{seed}", seed=seed,
+                       rollout_budget=budget, steps=2 * steps, out_dir=str(out / "cells" / cell.name / f"seed{seed}"),
+                       threads=threads, progress=False, tensorboard=False, checkpoint_every=0)
+            if cell.sampler is not None:
+                cfg["sampler"] = cell.sampler
             cfg["eval"] = {**cfg["eval"], "every": every}
-            cells.append(validate_config(TrainConfig, cfg, what=f"matrix cell {algo} x {alloc}").model_dump())
-    # Warm-start (or load) the shared starting policy once, before the cells start in parallel.
+            runs.append((cell, validate_config(TrainConfig, cfg, what=f"matrix cell {cell.algo} x {cell.spec}"
+                                               ).model_dump()))
+    # Warm-start (or load) the shared starting policy once, before the runs start in parallel. The tiny policy's
+    # weights depend on its options only (init_seed, warm_start.seed), never on TrainConfig.seed: every seed starts
+    # from the same weights, and seeds vary rollouts, prompt order and mini-batch order.
     task = make_task(base_cfg.task)
     policy_name, policy_options = base_cfg.component("policy")
     POLICIES.get(policy_name)(policy_options, task=task, seed=base_cfg.seed, verbose=True)
-    print(f"sara matrix: {n_cells} cells, budget {budget:,} rollouts each, {workers} worker(s) x {threads} "
-          f"thread(s) -> {out}", flush=True)
+    print(f"sara matrix: {len(cells)} cells x {seeds} seed(s), budget {budget:,} rollouts each, {workers} worker(s) "
+          f"x {threads} thread(s) -> {out}", flush=True)
+    t0 = time.perf_counter()
     results: list[dict[str, Any]] = []
     if workers == 1:
-        for cfg in cells:
-            results.append(_run_cell(cfg))
-            _report(results[-1])
+        for cell, cfg in runs:
+            results.append(_run_one(cfg))
+            _report(cell, results[-1])
     else:
         import multiprocessing as mp
 
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            for res in pool.map(_run_cell, cells):
+            for (cell, _), res in zip(runs, pool.map(_run_one, [cfg for _, cfg in runs])):
                 results.append(res)
-                _report(res)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "matrix.json").write_text(json.dumps(results, indent=1, default=float), encoding="utf-8")
-    try:
-        plot_matrix({f"{r['algo']}/{r['allocator']}": r["curve"] for r in results}, out / "matrix.png",
-                    title=f"held-out accuracy vs rollouts (budget {budget:,} per cell)")
-    except ImportError:  # matplotlib is optional
-        pass
-    return results
+                _report(cell, res)
+    eval_prompts = min(base_cfg.eval.num_prompts, len(task.eval_prompts))
+    report = analyze([(cell, res) for (cell, _), res in zip(runs, results)], budget=budget, reference=reference,
+                     target_acc=target_acc, eval_prompts=eval_prompts, eval_samples=base_cfg.eval.samples)
+    report["command"] = command
+    report["wall_seconds"] = time.perf_counter() - t0
+    write_outputs(report, out)
+    return report
 
 
-def _report(r: Mapping[str, Any]) -> None:
-    print(f"  {r['algo']:>14} x {r['allocator']:<8} acc {r['acc_before']:.3f} -> {r['acc_after']:.3f}  "
-          f"rollouts {r['rollouts']:,}  {r['wall_seconds']:.0f} s", flush=True)
-
-
-def format_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """The markdown table of a matrix run."""
-    head = ("| algorithm | allocator | held-out acc (before → after) | Δ | steps | rollouts | tokens | "
-            "effective fraction | wall s |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        eff = group_ratios([r])["effective_fraction"]
-        lines.append(f"| {r['algo']} | {r['allocator']} | {r['acc_before']:.3f} → {r['acc_after']:.3f} | "
-                     f"{r['acc_after'] - r['acc_before']:+.3f} | {r['steps']} | {r['rollouts']:,} | {r['tokens']:,} | "
-                     f"{eff:.2f} | {r['wall_seconds']:.0f} |")
-    return "\n".join(lines)
-
-
-def sara_vs_ds(results: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Per algorithm: rollouts SARA needed to first reach DS's final held-out accuracy, vs what DS spent."""
-    notes = []
-    by: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for r in results:  # the plain spec ("sara", "ds") wins over variants ("sara:prior=empirical"); else the first
-        key = (r["algo"], str(r["allocator"]).split(":")[0])
-        if key not in by or str(r["allocator"]) == key[1]:
-            by[key] = r
-    for (algo, alloc), ds in by.items():
-        if alloc != "ds" or (algo, "sara") not in by:
-            continue
-        sara = by[(algo, "sara")]
-        target = ds["acc_after"]
-        reach = next((c["env/cum_rollouts"] for c in sara["curve"] if c.get("eval/acc_sample", -1) >= target), None)
-        if reach is None:
-            notes.append(f"- {algo}: SARA did not reach DS's final accuracy {target:.3f} within the budget "
-                         f"(SARA final {sara['acc_after']:.3f}).")
-        else:
-            saved = 1.0 - reach / ds["rollouts"] if ds["rollouts"] else math.nan
-            notes.append(f"- {algo}: SARA reached DS's final accuracy {target:.3f} after {reach:,.0f} rollouts vs "
-                         f"DS's {ds['rollouts']:,} ({100 * saved:+.0f}% fewer).")
-    return notes
+def _report(cell: Cell, r: Mapping[str, Any]) -> None:
+    print(f"  {cell.algo:>14} x {cell.spec:<24} seed {r['seed']}  acc {r['acc_before']:.3f} -> {r['acc_after']:.3f}"
+          f"  rollouts {r['rollouts']:,}  {r['wall_seconds']:.0f} s", flush=True)

@@ -1,22 +1,26 @@
-"""``sara matrix``: every algorithm x allocator cell trained from the same policy and seed at the same rollout budget.
+"""``sara matrix``: every algorithm x allocator cell, over seeds, trained from the same policy at the same rollout budget.
 
-Each cell is a ``sara train`` run whose ``rollout_budget`` is what ``--steps`` steps of uniform allocation spend
-(``steps x groups_per_step x k``), so allocators are compared at equal cost. Outputs in ``--out`` (default
-``runs/matrix``): ``matrix.md`` (the table), ``matrix.png`` (held-out accuracy vs cumulative rollouts per cell),
-``matrix.json`` and one directory per cell (``cells/<algo>-<allocator>/metrics.jsonl``). Cells run in parallel
-processes, one per core by default.
+Cells are ``--algos`` x ``--allocators``, both ``;``-separated specs; an allocator may carry its own prompt sampler as
+``ALLOCATOR@SAMPLER``, e.g. ``--allocators "ds;sara;sara:prior=history,decay=0.95@predictive"``. Every cell runs
+``--seeds N`` seeds (rollouts and prompt order differ, the starting weights do not) at a rollout budget of what
+``--steps`` steps of uniform allocation spend (``steps x groups_per_step x k``). Per cell, mean and 95% t-interval
+over seeds of: held-out accuracy at 25/50/75% of the budget and at the end, the area under accuracy vs rollouts, and
+the rollouts, tokens and training seconds to first reach the target accuracy (default: the ``--reference`` cell's
+final accuracy, ``ds``; ``--target-acc`` fixes it), with the ratio to the reference. Outputs in ``--out`` (default
+``runs/matrix``): ``matrix.md``, ``matrix.json`` (per-seed and aggregate), ``matrix.png`` (mean curve and min-max
+band per cell) and ``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel processes, one per core by default.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
-from sara.bench.matrix import format_table, run_matrix, sara_vs_ds
+from sara.bench.matrix import parse_cells, run_matrix
+from sara.bench.matrix_report import format_report
 
-__all__ = ["register", "run", "run_matrix", "QUICK", "format_table", "sara_vs_ds"]
+__all__ = ["register", "run", "run_matrix", "QUICK", "format_report", "parse_cells"]
 
 QUICK: dict[str, Any] = {
     "groups_per_step": 32,
@@ -32,17 +36,24 @@ evaluation's noise)."""
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "matrix", help="algorithm x allocator compatibility matrix at equal rollout budget",
+        "matrix", help="algorithm x allocator matrix over seeds at equal rollout budget",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algos", default="grpo,rloo,ppo,reinforce_pp", help="comma-separated algorithm specs")
-    p.add_argument("--allocators", default="uniform,ds,sara", help="comma-separated allocator specs")
+    p.add_argument("--algos", default="grpo;rloo;ppo;reinforce_pp", help="';'-separated algorithm specs")
+    p.add_argument("--allocators", default="uniform;ds;sara",
+                   help="';'-separated ALLOCATOR[@SAMPLER] specs, e.g. 'ds;sara;sara:prior=history@predictive'")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per cell (seed .. seed+N-1; default 1)")
+    p.add_argument("--reference", default="ds", metavar="SPEC",
+                   help="the cell (ALLOCATOR[@SAMPLER]) whose final accuracy is the target and the ratios' "
+                        "denominator; added when missing (default ds)")
+    p.add_argument("--target-acc", type=float, default=None, metavar="X",
+                   help="fixed target accuracy instead of the reference's final accuracy")
     p.add_argument("--steps", type=int, default=None,
                    help="uniform-allocation steps that define the rollout budget (default 20, --quick 6)")
     p.add_argument("--quick", action="store_true", help="a tiny CI-sized matrix")
     p.add_argument("--config", metavar="FILE", help="base TrainConfig (YAML/JSON) shared by every cell")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                    help="override a base config field (repeatable)")
-    p.add_argument("--workers", type=int, default=None, help="parallel cells (default: one per core)")
+    p.add_argument("--workers", type=int, default=None, help="parallel runs (default: one per core)")
     p.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/matrix)")
     p.set_defaults(func=run)
 
@@ -51,30 +62,38 @@ def run(args: argparse.Namespace) -> int:
     from sara.config import ConfigError
     from sara.train import apply_overrides, load_config
 
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"matrix: field 'steps': must be >= 1 (got {args.steps})")
+    for field in ("steps", "seeds"):
+        value = getattr(args, field)
+        if value is not None and value < 1:
+            raise ConfigError(f"matrix: field '{field}': must be >= 1 (got {value})")
+    if args.target_acc is not None and not 0.0 <= args.target_acc <= 1.0:
+        raise ConfigError(f"matrix: field 'target_acc': must be an accuracy in [0, 1] (got {args.target_acc})")
+    cells = parse_cells(args.algos, args.allocators)
+    reference = args.reference.strip()
+    if not reference or ";" in reference:
+        raise ConfigError(f"matrix: field 'reference': one ALLOCATOR[@SAMPLER] spec, e.g. ds (got {reference!r})")
+    parse_cells(["grpo"], [reference])  # the ALLOCATOR[@SAMPLER] form
     steps = args.steps or (6 if args.quick else 20)
     base = load_config(args.config, [], base=apply_overrides(QUICK, []) if args.quick else None)
     base = load_config(None, args.overrides, base=base.model_dump())
     out = Path(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"))
-    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
-    allocs = [a.strip() for a in args.allocators.split(",") if a.strip()]
-    t0 = time.perf_counter()
     every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
-    results = run_matrix(base.model_dump(), algos, allocs, steps=steps, out_dir=out, workers=args.workers,
-                         eval_every=every)
-    table = format_table(results)
-    notes = sara_vs_ds(results)
-    cmd = "sara matrix " + " ".join(_argv(args))
-    text = f"`{cmd}` ({time.perf_counter() - t0:.0f} s wall)\n\n{table}\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
-    (out / "matrix.md").write_text(text, encoding="utf-8")
-    print(text)
+    report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds, workers=args.workers,
+                        eval_every=every, reference=reference, target_acc=args.target_acc,
+                        command="sara matrix " + " ".join(_argv(args)))
+    print(format_report(report))
     print(f"wrote {out / 'matrix.md'}, {out / 'matrix.png'}, {out / 'matrix.json'}")
     return 0
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
-    parts = [f"--algos {args.algos}", f"--allocators {args.allocators}"]
+    parts = [f'--algos "{args.algos}"', f'--allocators "{args.allocators}"']
+    if args.seeds != 1:
+        parts.append(f"--seeds {args.seeds}")
+    if args.reference != "ds":
+        parts.append(f'--reference "{args.reference}"')
+    if args.target_acc is not None:
+        parts.append(f"--target-acc {args.target_acc}")
     if args.steps is not None:
         parts.append(f"--steps {args.steps}")
     if args.quick:

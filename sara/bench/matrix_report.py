@@ -1,0 +1,198 @@
+"""What ``sara matrix`` reports: per-seed measurements, their means and confidence intervals, the table and the plot.
+
+``analyze`` turns the runs (one per cell x seed, each with its eval curve) into the report (``matrix.json``);
+``format_report`` writes the markdown (``matrix.md``); ``write_outputs`` writes all three files. Nothing here trains,
+so every function runs on synthetic results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sara.bench.curves import (
+    BUDGET_FRACTIONS,
+    aggregate_measures,
+    band,
+    eval_standard_errors,
+    seed_measures,
+)
+from sara.bench.summary import group_ratios
+
+__all__ = ["analyze", "format_report", "write_outputs", "plot_report"]
+
+_RAW = ("seed", "name", "algo", "allocator", "steps", "acc_before", "acc_after", "rollouts", "tokens",
+        "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve")
+
+
+def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, reference: str = "ds",
+            target_acc: float | None = None, eval_prompts: int = 0, eval_samples: int = 0,
+            grid_points: int = 41) -> dict[str, Any]:
+    """Measure every run and aggregate each cell over its seeds.
+
+    Args:
+        runs: ``(cell, result)`` pairs; ``cell`` has ``algo``, ``allocator``, ``sampler``, ``spec``, ``name``
+            (``sara.bench.matrix.Cell``); ``result`` has ``seed``, the ``RunSummary`` fields and ``curve``
+            (columnar: ``rollouts``, ``tokens``, ``wall_s``, ``acc`` at each evaluation).
+        budget: The shared rollout budget.
+        reference: Allocator spec of the reference cell of each algorithm.
+        target_acc: Fixed target accuracy (default: the reference cell's final accuracy, mean over its seeds).
+        eval_prompts: Held-out prompts per evaluation (for the standard error).
+        eval_samples: Sampled completions per prompt per evaluation.
+        grid_points: Points of the common rollout grid of the plot's mean curves and bands.
+
+    Returns:
+        ``{"budget", "seeds", "reference", "target_acc", "eval", "fractions", "algos": {algo: {...}},
+        "cells": [{"algo", "cell", "allocator", "sampler", "name", "is_reference", "runs", "aggregate", "band"}]}``.
+    """
+    grouped: dict[tuple[str, str], tuple[Any, list[Mapping[str, Any]]]] = {}
+    for cell, res in runs:
+        grouped.setdefault((cell.algo, cell.name), (cell, []))[1].append(res)
+    algos: dict[str, dict[str, Any]] = {}
+    for algo in dict.fromkeys(a for a, _ in grouped):
+        ref = next((rs for (a, _), (c, rs) in grouped.items() if a == algo and c.spec == reference), None)
+        if target_acc is not None:
+            target, source = float(target_acc), "fixed by --target-acc"
+        elif ref is not None:
+            target = float(np.mean([r["curve"]["acc"][-1] for r in ref]))
+            source = f"{reference}'s final held-out accuracy (mean of {len(ref)} seed(s))"
+        else:
+            target, source = math.nan, f"no {reference} cell"
+        start = [r["curve"]["acc"][0] for (a, _), (_, rs) in grouped.items() if a == algo for r in rs]
+        se = eval_standard_errors(target, eval_prompts, eval_samples) if eval_prompts and eval_samples and \
+            math.isfinite(target) else (math.nan, math.nan)
+        algos[algo] = {"target": target, "target_source": source, "reference": reference if ref else None,
+                       "start_acc": float(np.mean(start)) if start else math.nan,
+                       "eval_se": {"independent": se[0], "prompt_clustered_bound": se[1]}}
+    grid = np.linspace(0.0, float(budget), grid_points)
+    cells: list[dict[str, Any]] = []
+    for (algo, _), (cell, rs) in grouped.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        target = algos[algo]["target"]
+        measured = [seed_measures(r["curve"], target=target, budget=budget) for r in rs]
+        agg = aggregate_measures(measured)
+        agg["effective_fraction"] = group_ratios(rs)["effective_fraction"]
+        cells.append({"algo": algo, "cell": cell.spec, "allocator": cell.allocator, "sampler": cell.sampler,
+                      "name": cell.name, "is_reference": cell.spec == reference,
+                      "runs": [{**{k: r[k] for k in _RAW if k in r}, "measures": m} for r, m in zip(rs, measured)],
+                      "aggregate": agg,
+                      "band": band([(r["curve"]["rollouts"], r["curve"]["acc"]) for r in rs], grid)})
+    for c in cells:
+        ref_cell = next((d for d in cells if d["algo"] == c["algo"] and d["is_reference"]), None)
+        for key in ("rollouts", "tokens", "wall_s"):
+            num = c["aggregate"][f"{key}_to_target"]["mean"]
+            den = ref_cell["aggregate"][f"{key}_to_target"]["mean"] if ref_cell else math.nan
+            c["aggregate"][f"{key}_ratio"] = num / den if den and math.isfinite(den) else math.nan
+    seeds = sorted({int(r["seed"]) for _, r in runs})
+    return {"budget": budget, "seeds": seeds, "reference": reference, "target_acc": target_acc,
+            "eval": {"prompts": eval_prompts, "samples": eval_samples}, "fractions": list(BUDGET_FRACTIONS),
+            "algos": algos, "cells": cells}
+
+
+def _ci(v: Mapping[str, float], fmt: str, prefix: str = "") -> str:
+    mean, half = v["mean"], v["half"]
+    if mean is None or not math.isfinite(mean):
+        return "—"
+    text = prefix + format(mean, fmt)
+    return text if half is None or not math.isfinite(half) else f"{text} ± {format(half, fmt)}"
+
+
+def _ratio(ratio: float | None, censored: bool) -> str:
+    if ratio is None or not math.isfinite(ratio):
+        return "—"
+    return f"{ratio:.2f}" + ("*" if censored else "")
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The markdown of ``matrix.md``: one table per algorithm, then how each column is computed."""
+    fr = [f for f in report["fractions"] if f < 1.0]
+    seeds = report["seeds"]
+    lines = []
+    if report.get("command"):
+        wall = report.get("wall_seconds")
+        lines += [f"`{report['command']}`" + (f" ({wall:.0f} s wall)" if wall is not None else ""), ""]
+    lines += [f"Budget {report['budget']:,.0f} rollouts per run; {len(seeds)} seed(s) per cell "
+              f"({', '.join(map(str, seeds))}); values are the mean ± the 95% t-interval half-width over seeds "
+              "(one seed: the value alone)."]
+    ev = report["eval"]
+    ref_censored = {algo: any(c["is_reference"] and c["aggregate"]["reached"] < c["aggregate"]["n"]
+                              for c in report["cells"] if c["algo"] == algo) for algo in report["algos"]}
+    for algo, info in report["algos"].items():
+        se = info["eval_se"]
+        lines += ["", f"### {algo}", "",
+                  f"Target accuracy {info['target']:.3f} ({info['target_source']}); every cell starts at "
+                  f"{info['start_acc']:.3f} (mean over runs)."]
+        if ev["prompts"] and math.isfinite(se["independent"]):
+            lines.append(f"One evaluation ({ev['prompts']} prompts x {ev['samples']} samples) has a standard error "
+                         f"of {se['independent']:.4f} at p = {info['target']:.3f} counting each completion as an "
+                         f"independent draw, sqrt(p(1-p)/(prompts x samples)); samples of one prompt are correlated, "
+                         f"so the true SE lies between that and {se['prompt_clustered_bound']:.4f} "
+                         "(sqrt(p(1-p)/prompts)).")
+        lines += ["", "| cell | final acc | " + " | ".join(f"acc @{100 * f:.0f}%" for f in fr) +
+                  " | AUC | reached | rollouts to target | × ref | tokens to target | train s to target | eff. frac |",
+                  "|---" * (9 + len(fr)) + "|"]
+        for c in (c for c in report["cells"] if c["algo"] == algo):
+            a = c["aggregate"]
+            cens = "≥ " if a["reached"] < a["n"] else ""
+            ratio = a["rollouts_ratio"]
+            name = f"**{c['cell']}** (ref)" if c["is_reference"] else c["cell"]
+            lines.append(" | ".join([
+                f"| {name}", _ci(a["final_acc"], ".3f"), *(_ci(a["acc_at"][str(f)], ".3f") for f in fr),
+                _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", _ci(a["rollouts_to_target"], ",.0f", cens),
+                _ratio(ratio, a["reached"] < a["n"] or ref_censored[algo]), _ci(a["tokens_to_target"], ",.0f", cens),
+                _ci(a["wall_s_to_target"], ".1f", cens), f"{a['effective_fraction']:.2f} |"]))
+    lines += ["", "How the columns are computed:",
+              "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
+              "cumulative rollouts curve at X% of the budget, linear between evaluations; final acc: the last "
+              "evaluation; AUC: the area under that curve over [0, budget] divided by the budget.",
+              "- rollouts / tokens / train s to target: where the curve first reaches the target, interpolated "
+              "linearly between the two evaluations around the crossing. A seed that never reaches it (see "
+              "`reached`) counts with its whole run's totals (censored), so the mean is a lower bound, marked ≥. "
+              "× ref: the mean rollouts to target over the reference cell's (same target, same censoring; * = either side "
+              "has a censored seed, so the ratio is of lower bounds and bounds nothing).",
+              "- train s: training wall-clock (collect, advantages, update, sync), without evaluation; runs share "
+              "the machine's cores, so seconds compare within one matrix only. eff. frac: effective / committed "
+              "groups over all seeds."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
+    """``matrix.png``: per algorithm, each cell's mean accuracy vs cumulative rollouts over seeds, a min-max band,
+    and the target accuracy as a horizontal line (needs matplotlib)."""
+    from sara.metrics import plot_matrix
+
+    panels = {algo: {"target": info["target"],
+                     "cells": {c["cell"]: c["band"] for c in report["cells"] if c["algo"] == algo}}
+              for algo, info in report["algos"].items()}
+    n = len(report["seeds"])
+    return plot_matrix(panels, path, title=f"held-out accuracy vs rollouts, budget {report['budget']:,.0f} per run\n"
+                                           f"mean of {n} seed(s), band = min-max over seeds")
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Mapping):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write ``matrix.json`` (NaN as null), ``matrix.md`` and, when matplotlib is installed, ``matrix.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "matrix.json", "md": out / "matrix.md"}
+    paths["json"].write_text(json.dumps(_finite(report), indent=1, default=float), encoding="utf-8")
+    paths["md"].write_text(format_report(report), encoding="utf-8")
+    try:
+        paths["png"] = plot_report(report, out / "matrix.png")
+    except ImportError:  # matplotlib is optional
+        pass
+    return paths
