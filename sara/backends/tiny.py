@@ -12,12 +12,15 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from pydantic import Field
 
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.policies.tiny import TinyPolicy
+from sara.policies.tiny_model import EOS
+from sara.seeding import uniform_from_seeds
 
 __all__ = ["TinyBackend", "TinyBackendConfig", "make_tiny_backend"]
 
@@ -27,10 +30,20 @@ class TinyBackendConfig(SaraModel):
 
     max_batch: int = Field(4096, ge=1)
     """Rows sampled per forward batch (larger rounds are split; results do not change)."""
+    slots: int = Field(256, ge=1)
+    """Streaming (``submit`` / ``poll``): completions decoded concurrently; further submissions queue and join as
+    rows finish (continuous batching)."""
 
 
 class TinyBackend:
-    """``GenerationBackend`` over a ``TinyPolicy`` copy.
+    """``GenerationBackend`` and ``StreamingBackend`` over a ``TinyPolicy`` copy.
+
+    Streaming is continuous batching over a pool of live rows: each ``poll`` runs decode ticks (one token for every
+    live row, rows grouped by current length since the tiny model has no padding or KV cache) until at least one row
+    finishes; finished rows leave, rows submitted since join at the next tick (at most ``slots`` rows decode, the rest
+    wait in submission order). Token ``t`` of a completion with seed ``s`` is drawn exactly as ``generate`` draws it
+    (``uniform_from_seeds(s, stream=t)``, inverse CDF), so a streamed completion equals ``generate``'s for the same
+    prompt and seed, whatever else is in flight. No wall-clock enters (``poll``'s timeout is ignored).
 
     Args:
         policy: The policy whose weights generate (copied; the caller's module is never touched).
@@ -46,6 +59,13 @@ class TinyBackend:
         self.tokenizer = self.policy.tokenizer
         self.version = 0
         self.closed = False
+        self.per_request_seeds = True
+        self._rows: dict[int, _Row] = {}  # streaming: tag -> live row, in submission order
+
+    @property
+    def slots(self) -> int:
+        """Completions decoded concurrently when streaming (``TinyBackendConfig.slots``)."""
+        return self.config.slots
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
         """Return ``out[i]`` with ``requests[i].n`` completions, in seed order."""
@@ -73,17 +93,80 @@ class TinyBackend:
                 for r, s in zip(part, samples):
                     results[r] = s
         for (i, pids, seed, _), (toks, lps, reason) in zip(rows, results):
-            text = self.tokenizer.decode(toks)
-            for stop in sampling.stop:  # char tokenizer: cutting the text at a stop string cuts tokens 1:1
-                at = text.find(stop)
-                if stop and at >= 0:
-                    n = at + len(stop)
-                    text, toks, lps, reason = text[:n], toks[:n], lps[:n], "stop"
-                    break
-            out[i].append(Completion(text=text, token_ids=tuple(toks), logprobs=tuple(lps),
-                                     prompt_token_ids=tuple(pids), finish_reason=reason, seed=seed,
-                                     metadata={"weights_version": self.version}))
+            out[i].append(self._completion(pids, seed, toks, lps, reason, sampling, self.version))
         return out
+
+    def _completion(self, pids: list[int], seed: int, toks: list[int], lps: list[float], reason: str,
+                    sampling: SamplingConfig, version: int) -> Completion:
+        text = self.tokenizer.decode(toks)
+        for stop in sampling.stop:  # char tokenizer: cutting the text at a stop string cuts tokens 1:1
+            at = text.find(stop)
+            if stop and at >= 0:
+                n = at + len(stop)
+                text, toks, lps, reason = text[:n], toks[:n], lps[:n], "stop"
+                break
+        return Completion(text=text, token_ids=tuple(toks), logprobs=tuple(lps), prompt_token_ids=tuple(pids),
+                          finish_reason=reason, seed=seed, metadata={"weights_version": version})
+
+    # ---- streaming (StreamingBackend) ---------------------------------------------------------------------------
+    def submit(self, items: Sequence[tuple[int, GenerationRequest]], sampling: SamplingConfig) -> None:
+        """Queue one completion per ``(tag, request)`` (``request.n == 1``); it joins the batch at the next tick."""
+        if self.closed:
+            raise RuntimeError("TinyBackend is closed")
+        for tag, req in items:
+            if req.n != 1:
+                raise ValueError(f"TinyBackend.submit: tag {tag}: a streamed request has exactly one seed")
+            if int(tag) in self._rows:
+                raise ValueError(f"TinyBackend.submit: tag {tag} is already in flight")
+            if not isinstance(req.prompt, str):
+                raise ValueError("the tiny backend takes text prompts (Task.chat must be False)")
+            ids = self.tokenizer.encode(req.prompt, bos=True)
+            cap = req.max_new_tokens if req.max_new_tokens is not None else sampling.max_new_tokens
+            steps = min(int(cap), self.policy.config.max_len - len(ids))
+            if steps <= 0:
+                raise ValueError(f"prompt of {len(ids)} tokens leaves no room under max_len "
+                                 f"{self.policy.config.max_len}")
+            self._rows[int(tag)] = _Row(ids, int(req.seeds[0]), steps, sampling, self.version)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Completion]]:
+        """Decode ticks until at least one live row finishes; every finished ``(tag, completion)`` (``[]`` when
+        nothing is in flight)."""
+        while self._rows:
+            live = list(self._rows.items())[: self.config.slots]
+            self._tick([r for _, r in live])
+            done = [(tag, r) for tag, r in live if r.done]
+            if done:
+                for tag, _ in done:
+                    del self._rows[tag]
+                return [(tag, self._completion(r.pids, r.seed, r.toks, r.lps, "stop" if r.toks[-1] == EOS else "length",
+                                               r.sampling, r.version)) for tag, r in done]
+        return []
+
+    def abort(self, tags: Sequence[int]) -> int:
+        """Drop in-flight rows (unknown tags ignored); returns the tokens they had generated."""
+        return sum(len(self._rows.pop(int(t)).toks) for t in tags if int(t) in self._rows)
+
+    def inflight(self) -> int:
+        """Completions submitted and neither returned by ``poll`` nor aborted (queued ones included)."""
+        return len(self._rows)
+
+    def _tick(self, rows: list[_Row]) -> None:
+        """One token for every row: rows of equal length, temperature and top-p share a forward batch."""
+        groups: dict[tuple[int, float, float], list[_Row]] = {}
+        for r in rows:
+            groups.setdefault((len(r.pids) + len(r.toks), r.sampling.temperature, r.sampling.top_p), []).append(r)
+        for (_, temp, top_p), grp in groups.items():
+            for lo in range(0, len(grp), self.config.max_batch):
+                part = grp[lo: lo + self.config.max_batch]
+                ids = torch.tensor([r.pids + r.toks for r in part], dtype=torch.long, device=self.policy.device)
+                seeds = np.asarray([r.seed for r in part], dtype=np.uint64)
+                u = uniform_from_seeds(seeds, stream=np.asarray([len(r.toks) for r in part], np.int64))
+                nxt, logp = self.policy.draw(ids, torch.as_tensor(u, dtype=torch.float64, device=ids.device),
+                                             temperature=temp, top_p=top_p)
+                lp = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
+                for r, t, x in zip(part, nxt.tolist(), lp):
+                    r.toks.append(int(t))
+                    r.lps.append(float(x))
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Load new weights; ``version`` must increase."""
@@ -95,6 +178,21 @@ class TinyBackend:
 
     def close(self) -> None:
         self.closed = True
+
+
+class _Row:
+    """One streamed completion: prompt ids, seed, token cap, what it generated so far."""
+
+    __slots__ = ("pids", "seed", "steps", "sampling", "version", "toks", "lps")
+
+    def __init__(self, pids: list[int], seed: int, steps: int, sampling: SamplingConfig, version: int) -> None:
+        self.pids, self.seed, self.steps, self.sampling, self.version = pids, seed, steps, sampling, version
+        self.toks: list[int] = []
+        self.lps: list[float] = []
+
+    @property
+    def done(self) -> bool:
+        return bool(self.toks) and (self.toks[-1] == EOS or len(self.toks) >= self.steps)
 
 
 def make_tiny_backend(policy: Any, options: Mapping[str, Any] | None = None, **_: Any) -> TinyBackend:

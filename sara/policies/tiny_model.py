@@ -256,17 +256,7 @@ class TinyPolicy(ScoreViews, nn.Module):
                 toks, lps = [], []
                 done = torch.zeros(len(rows), dtype=torch.bool, device=dev)
                 for t in range(steps):
-                    logits = self(ids)[:, -1].double()
-                    if temperature > 0:
-                        logp = torch.log_softmax(logits / temperature, dim=-1)
-                        if top_p < 1.0:
-                            logp = _nucleus(logp, top_p)
-                        cdf = logp.exp().cumsum(-1)
-                        nxt = torch.searchsorted(cdf, (u_t[:, t] * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
-                        nxt = nxt.clamp_(max=logits.shape[-1] - 1)
-                    else:
-                        logp = torch.log_softmax(logits, dim=-1)
-                        nxt = logp.argmax(-1)
+                    nxt, logp = self.draw(ids, u_t[:, t], temperature=temperature, top_p=top_p)
                     nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
                     toks.append(nxt)
                     lps.append(logp.gather(-1, nxt[:, None]).squeeze(-1))
@@ -286,6 +276,26 @@ class TinyPolicy(ScoreViews, nn.Module):
         finally:
             self.train(was_training)
         return out
+
+    @torch.no_grad()
+    def draw(self, ids: torch.Tensor, u: torch.Tensor, *, temperature: float = 1.0,
+             top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of ``sample`` for rows of equal length: the next token of each row of ``ids [B, T]`` by
+        inverting the CDF at ``u [B]`` (float64 uniforms; ignored when ``temperature <= 0``: greedy).
+
+        Returns:
+            ``(tokens [B], logp [B, V])``: the drawn ids and the sampling distribution's log-probs (float64).
+        """
+        logits = self(ids)[:, -1].double()
+        if temperature > 0:
+            logp = torch.log_softmax(logits / temperature, dim=-1)
+            if top_p < 1.0:
+                logp = _nucleus(logp, top_p)
+            cdf = logp.exp().cumsum(-1)
+            nxt = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+            return nxt.clamp_(max=logits.shape[-1] - 1), logp
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.argmax(-1), logp
 
 
 def _nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:

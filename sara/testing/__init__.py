@@ -15,6 +15,7 @@ _WHERE = {
     "check_task": "sara.testing.task",
     "check_backend": "sara.testing.backend",
     "ScriptedBackend": "sara.testing.scripted",
+    "StreamingScriptedBackend": "sara.testing.scripted",
 }
 
 __all__ = sorted(_WHERE)

