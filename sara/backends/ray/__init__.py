@@ -24,9 +24,14 @@ returns exactly the rollouts it would have returned without the failure: none lo
 fails ``max_restarts + 1`` times in a row ends the run with ``WorkerFailedError`` naming the worker and what it was
 doing.
 
+Streaming (``submit`` / ``poll`` / ``abort`` under integer tags, ``sara.envs.base.StreamingBackend`` /
+``StreamingEnv``): both pools route single requests to the actor with the most free slots, keep one ``poll`` call in
+flight per busy actor, and re-issue a failed actor's in-flight rollouts once (same tag, same seed) to another actor.
+Actors whose backend / env does not stream run its batch call on their queued requests (``MicroBatchStream``).
+
 Modules: ``config`` (``RayPoolConfig``, ``RayTrainOptions``; light, the trainer's config imports it), ``cluster``
 (``init_ray``), ``splitter`` (``TokenEstimator``, ``split_round``), ``actor`` (the worker body, ``build_object``),
-``base`` (the shared pool machinery), ``pool`` (the two pools, ``ray_backend_factory``). The names below are imported
+``base`` (the shared pool machinery), ``stream`` (streaming, the pools' base), ``pool`` (the two pools, ``ray_backend_factory``). The names below are imported
 on first use and ``ray`` itself only when a pool starts, so ``import sara.backends.ray`` stays light. (Was
 ``sara.envs.backends.ray_pool``.)
 """
@@ -42,6 +47,7 @@ _WHERE = {
     "init_ray": "cluster",
     "TokenEstimator": "splitter", "split_round": "splitter",
     "StaleWeightsError": "actor", "WorkerFailedError": "actor", "build_object": "actor",
+    "MicroBatchStream": "actor", "streams_natively": "actor", "StreamingPool": "stream",
     "RayRolloutPool": "pool", "RayEnvPool": "pool", "ray_backend_factory": "pool",
 }
 

@@ -95,7 +95,7 @@ class RayPool:
             opts["resources"] = dict(c.resources)
         if c.runtime_env:
             opts["runtime_env"] = dict(c.runtime_env)
-        return self._actor_cls.options(**opts).remote(self._factory_ref, w)
+        return self._actor_cls.options(**opts).remote(self._factory_ref, w, c.stream_slots)
 
     def _describe_factory(self) -> str:
         f = self.factory
@@ -112,6 +112,7 @@ class RayPool:
         fresh actor until the worker has failed ``max_restarts + 1`` times in a row.
         """
         ray = self._ray
+        self._on_lost(w, doing, exc)
         while True:
             self._failures[w] += 1
             if getattr(exc, "actor_init_failed", False):
@@ -134,6 +135,9 @@ class RayPool:
                 return
             except (ray.exceptions.RayError, TimeoutError) as e:  # failed again while restarting
                 exc = e
+
+    def _on_lost(self, w: int, doing: str, exc: BaseException) -> None:
+        """Called once per failure of worker ``w``, before it is replaced (the streaming pools re-issue its work)."""
 
     def _guard(self, w: int, doing: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (a blocking call on worker ``w``), restarting the worker and retrying on failure."""

@@ -46,6 +46,12 @@ class RayPoolConfig(SaraModel):
     """Ray ``runtime_env`` for the actors (env vars, working dir, pip packages)."""
     log_to_driver: bool = False
     """Forward the workers' stdout/stderr to the driver (when this pool starts Ray)."""
+    stream_slots: int = Field(16, ge=1)
+    """Streaming over a backend / env that does not stream itself: requests per batch call on each actor (that actor's
+    ``slots``). A backend that streams reports its own ``slots``."""
+    stream_poll_s: float = Field(0.1, gt=0)
+    """Streaming: the longest one actor-side ``poll`` waits on an asynchronous engine before returning empty-handed, so
+    queued submits / aborts / weight loads reach the actor (in-process engines ignore it)."""
 
 
 class RayTrainOptions(RayPoolConfig):

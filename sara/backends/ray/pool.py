@@ -1,7 +1,9 @@
 """The two Ray pools and the trainer's wiring.
 
-- ``RayRolloutPool``: a ``GenerationBackend`` whose N actors each own a backend (tiny, HF, vLLM).
-- ``RayEnvPool``: a ``RolloutEnv`` whose N actors each own a whole environment (verification runs there too).
+- ``RayRolloutPool``: a ``GenerationBackend`` and ``StreamingBackend`` whose N actors each own a backend (tiny, HF,
+  vLLM).
+- ``RayEnvPool``: a ``RolloutEnv`` and ``StreamingEnv`` whose N actors each own a whole environment (verification
+  runs there too).
 - ``ray_backend_factory``: wraps a ``BACKENDS`` factory so the trainer (``ray.enabled``) gets a ``RayRolloutPool``.
 """
 
@@ -11,9 +13,9 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sara.backends.ray.base import RayPool
 from sara.backends.ray.config import Factory, RayPoolConfig
 from sara.backends.ray.splitter import TokenEstimator
+from sara.backends.ray.stream import StreamingPool
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.types import Prompt, Rollout, RolloutRequest
@@ -27,8 +29,10 @@ def _prompt_key(prompt: Any) -> Any:
     return tuple(tuple(sorted(m.items())) for m in prompt)
 
 
-class RayRolloutPool(RayPool):
-    """A ``GenerationBackend`` that fans each round out over N Ray actors, each owning a backend.
+class RayRolloutPool(StreamingPool):
+    """A ``GenerationBackend`` that fans each round out over N Ray actors, each owning a backend; also a
+    ``StreamingBackend`` (``submit`` / ``poll`` / ``abort`` / ``inflight`` / ``slots``, see ``sara.backends.ray.stream``)
+    whether or not the actors' backends stream themselves (``native_stream``).
 
     Args:
         factory: Picklable zero-argument callable building the worker's backend (called once in every actor and
@@ -47,7 +51,9 @@ class RayRolloutPool(RayPool):
     def __init__(self, factory: Factory, config: RayPoolConfig | Mapping[str, Any] | None = None,
                  **overrides: Any) -> None:
         self._estimator = TokenEstimator()
+        self._stream_init()
         super().__init__(factory, config, **overrides)
+        self._stream_start()
         ray = self._ray
         has = self._guard(0, "inspecting the backend", lambda: ray.get(self.actors[0].has.remote(["per_request_seeds"])))
         self.per_request_seeds = bool(has[0] and self._guard(
@@ -66,9 +72,15 @@ class RayRolloutPool(RayPool):
             call=lambda w, sub: ((sub, sampling), "generating"), method="generate",
             tokens_of=lambda c: c.num_tokens)
 
+    def submit(self, items: Sequence[tuple[int, GenerationRequest]], sampling: SamplingConfig) -> None:
+        """Queue one completion per item (``request.n == 1``) under its tag (unique while in flight), each on the
+        actor with the most free slots."""
+        self._stream_submit(items, (sampling,))
 
-class RayEnvPool(RayPool):
-    """A ``RolloutEnv`` that fans each round out over N Ray actors, each owning a whole environment.
+
+class RayEnvPool(StreamingPool):
+    """A ``RolloutEnv`` that fans each round out over N Ray actors, each owning a whole environment; also a
+    ``StreamingEnv`` (``submit`` / ``poll`` / ``abort`` / ``slots``) whether or not the environments stream.
 
     Args:
         factory: Picklable zero-argument callable building the worker's environment (e.g.
@@ -87,7 +99,9 @@ class RayEnvPool(RayPool):
     def __init__(self, factory: Factory, config: RayPoolConfig | Mapping[str, Any] | None = None, *,
                  prompts: Sequence[Prompt] | None = None, **overrides: Any) -> None:
         self._estimator = TokenEstimator()
+        self._stream_init()
         super().__init__(factory, config, **overrides)
+        self._stream_start()
         ray = self._ray
         has = self._guard(0, "inspecting the environment", lambda: ray.get(self.actors[0].has.remote(self._FORWARDED)))
         self._remote_helpers = {n for n, h in zip(self._FORWARDED, has) if h}
@@ -102,6 +116,10 @@ class RayEnvPool(RayPool):
             list(requests), key=lambda r: (r.pool_index, r.prefix), default_tokens=lambda r: 1.0,
             call=lambda w, sub: ((sub,), "generating rollouts"), method="rollout",
             tokens_of=lambda r: r.num_tokens)
+
+    def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
+        """Start one rollout per item (``request.n == 1``) under its tag, each on the actor with the most free slots."""
+        self._stream_submit(items, ())
 
     def __getattr__(self, name: str) -> Any:
         if name in type(self)._FORWARDED and name in self.__dict__.get("_remote_helpers", ()):
