@@ -1,14 +1,25 @@
-"""``sara matrix --quick``: all 12 algorithm x allocator cells train from the same policy at the same budget."""
+"""``sara matrix``: the cell spec language, the statistics (sara.bench.curves), the report on synthetic runs, and
+end-to-end runs (seeds x cells trained from the same policy at the same budget)."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 
-pytest.importorskip("torch")
-
-from sara.cli import main  # noqa: E402
+from sara.bench.curves import (
+    aggregate_measures,
+    eval_standard_errors,
+    first_reach,
+    normalized_auc,
+    seed_measures,
+    t_interval,
+    value_at,
+)
+from sara.bench.matrix import Cell, parse_cells, parse_specs
+from sara.config import ConfigError
 
 ALGOS = ["grpo", "rloo", "ppo", "reinforce_pp"]
 ALLOCATORS = ["uniform", "ds", "sara"]
@@ -18,19 +29,192 @@ than the GRPO + SARA learning test's 0.02). Measured on this machine (--quick: 4
 +0.060 to +0.088 for grpo / ppo x uniform / ds / sara."""
 
 
+# ------------------------------------------------------------------------------------------------ spec language
+def test_cells_are_semicolon_separated_allocator_at_sampler_specs():
+    cells = parse_cells("grpo;ppo:lam=0.95", "ds;sara;sara:prior=history,decay=0.95@predictive")
+    assert [(c.algo, c.allocator, c.sampler) for c in cells[:3]] == [
+        ("grpo", "ds", None), ("grpo", "sara", None), ("grpo", "sara:prior=history,decay=0.95", "predictive")]
+    assert [c.algo for c in cells] == ["grpo"] * 3 + ["ppo:lam=0.95"] * 3
+    assert cells[2].spec == "sara:prior=history,decay=0.95@predictive"
+    names = [c.name for c in cells]
+    assert len(set(names)) == 6 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
+    # the old comma form where it cannot be misread; one spec whose options are comma-separated
+    assert [c.allocator for c in parse_cells("grpo,rloo", "uniform,ds,sara")][:3] == ["uniform", "ds", "sara"]
+    assert parse_specs("sara:prior=history,decay=0.95", "allocators", example="x") == ["sara:prior=history,decay=0.95"]
+    # names stay unique when two specs map to the same safe name
+    a, b = parse_cells(["grpo"], ["sara:x=1", "sara@x=1"])
+    assert a.name != b.name
+
+
+@pytest.mark.parametrize("algos, allocators, field", [
+    ("grpo", "ds,sara:prior=history", "allocators"),  # comma between specs, one of them with options
+    ("grpo", "sara:prior=history,ds", "allocators"),
+    ("grpo,ppo:lam=0.95", "ds", "algos"),
+    ("grpo", "ds;ds", "allocators"),  # given twice
+    ("grpo", "sara@", "allocators"),  # no sampler after @
+    ("grpo@predictive", "ds", "algos"),
+    ("grpo", " ; ", "allocators"),
+])
+def test_malformed_cell_lists_are_config_errors_naming_the_field(algos, allocators, field):
+    with pytest.raises(ConfigError, match=f"field '{field}'"):
+        parse_cells(algos, allocators)
+
+
+def test_the_command_shows_the_semicolon_form_on_an_ambiguous_list(capsys):
+    from sara.cli import main
+
+    assert main(["matrix", "--allocators", "ds,sara:prior=history"]) == 2
+    err = capsys.readouterr().err
+    assert "allocators" in err and "ds;sara:prior=history,decay=0.95@predictive" in err
+    assert main(["matrix", "--seeds", "0"]) == 2
+    assert "seeds" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------- statistics
+def test_rollouts_to_target_interpolate_between_evaluations_and_censor_when_never_reached():
+    curve = {"rollouts": [0, 100, 200, 300], "tokens": [0, 1000, 3000, 4000], "wall_s": [0, 1, 2, 4],
+             "acc": [0.5, 0.55, 0.65, 0.6]}
+    m = seed_measures(curve, target=0.6, budget=300)
+    assert m["reached"] and m["rollouts_to_target"] == pytest.approx(150)  # halfway from 0.55 to 0.65
+    assert m["tokens_to_target"] == pytest.approx(2000) and m["wall_s_to_target"] == pytest.approx(1.5)
+    never = seed_measures(curve, target=0.7, budget=300)
+    assert not never["reached"]
+    assert (never["rollouts_to_target"], never["tokens_to_target"], never["wall_s_to_target"]) == (300, 4000, 4)
+    assert seed_measures(curve, target=0.4, budget=300)["rollouts_to_target"] == 0  # reached before training
+    assert first_reach([0, 10, 20, 30], [0.5, 0.7, 0.5, 0.8], 0.6) == pytest.approx(5)  # the FIRST crossing
+    assert first_reach([0, 10], [0.5, 0.6], 0.6) == 10  # ending exactly at the target reaches it
+    agg = aggregate_measures([m, never])
+    assert agg["reached"] == 1 and agg["n"] == 2
+    assert agg["rollouts_to_target"]["mean"] == pytest.approx((150 + 300) / 2)  # censored at the run's total
+
+
+def test_t_interval_against_a_hand_computed_example():
+    mean, half = t_interval([1.0, 2.0, 3.0, 4.0])
+    # sd = sqrt(5/3) = 1.29099, se = sd / 2 = 0.645497, t(0.975, df=3) = 3.182446
+    assert mean == 2.5 and half == pytest.approx(3.182446 * 0.645497, rel=1e-5)
+    assert half == pytest.approx(2.05426, rel=1e-4)
+    one = t_interval([0.7])
+    assert one[0] == 0.7 and math.isnan(one[1])
+    assert t_interval([2.0, math.nan, 4.0])[0] == 3.0
+
+
+def test_auc_and_accuracy_at_budget_fractions_on_a_hand_made_curve():
+    xs, ys = [0, 50, 100], [0.2, 0.6, 0.6]
+    assert normalized_auc(xs, ys, 100) == pytest.approx((0.4 * 50 + 0.6 * 50) / 100)
+    assert normalized_auc(xs, ys, 200) == pytest.approx((0.4 * 50 + 0.6 * 50 + 0.6 * 100) / 200)  # flat after end
+    assert normalized_auc(xs, ys, 50) == pytest.approx(0.4)
+    assert value_at(xs, ys, 25) == pytest.approx(0.4) and value_at(xs, ys, 150) == 0.6
+    m = seed_measures({"rollouts": xs, "tokens": xs, "wall_s": xs, "acc": ys}, target=0.6, budget=100)
+    assert m["acc_at"] == pytest.approx({"0.25": 0.4, "0.5": 0.6, "0.75": 0.6, "1.0": 0.6})
+
+
+def test_eval_standard_errors():
+    independent, clustered = eval_standard_errors(0.5, prompts=100, samples=4)
+    assert independent == pytest.approx(0.025) and clustered == pytest.approx(0.05)
+
+
+# ------------------------------------------------------------------------------------ the report (no training)
+def _synthetic_runs():
+    ds, sara = Cell("grpo", "ds", None, "ds", "grpo-ds"), Cell("grpo", "sara", "predictive", "sara@predictive",
+                                                               "grpo-sara_predictive")
+
+    def run(seed, acc, effective=10):
+        n = len(acc)
+        return {"seed": seed, "algo": "grpo", "allocator": "x", "acc_before": acc[0], "acc_after": acc[-1],
+                "rollouts": 300, "tokens": 3000, "effective_groups": effective, "committed_groups": 10,
+                "curve": {"step": list(range(n)), "rollouts": [0, 100, 200, 300][:n],
+                          "tokens": [0, 1000, 2000, 3000][:n], "wall_s": [0, 1, 2, 3][:n], "acc": acc}}
+
+    return [(ds, run(0, [0.5, 0.55, 0.6, 0.6])), (ds, run(1, [0.5, 0.6, 0.65, 0.7])),
+            (sara, run(0, [0.5, 0.6, 0.7, 0.7])), (sara, run(1, [0.5, 0.7, 0.7, 0.75]))]
+
+
+def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
+    from sara.bench.matrix_report import analyze, format_report, write_outputs
+
+    report = analyze(_synthetic_runs(), budget=300, eval_prompts=100, eval_samples=4)
+    assert report["algos"]["grpo"]["target"] == pytest.approx(0.65)  # DS's final accuracy, mean of its seeds
+    ds, sara = report["cells"]
+    assert ds["is_reference"] and not sara["is_reference"] and sara["sampler"] == "predictive"
+    # DS seed 0 never reaches 0.65 (censored at 300); seed 1 reaches it at 200. SARA: 150 and 75.
+    assert ds["aggregate"]["reached"] == 1 and sara["aggregate"]["reached"] == 2
+    assert ds["aggregate"]["rollouts_to_target"]["mean"] == pytest.approx(250)
+    assert sara["aggregate"]["rollouts_to_target"]["mean"] == pytest.approx(112.5)
+    assert sara["aggregate"]["rollouts_ratio"] == pytest.approx(112.5 / 250)
+    assert sara["aggregate"]["final_acc"]["half"] == pytest.approx(t_interval([0.7, 0.75])[1])
+    assert [r["seed"] for r in sara["runs"]] == [0, 1] and "measures" in sara["runs"][0]
+    assert sara["band"]["lo"][0] == 0.5 and sara["band"]["hi"][-1] == 0.75
+    text = format_report(report)
+    assert "| **ds** (ref) |" in text and "1/2" in text and "2/2" in text
+    assert "0.725 ± " in text and "≥ 250 ± " in text and "0.45*" in text
+    assert "0.0238" in text and "0.0477" in text  # sqrt(.65 x .35 / 400), sqrt(.65 x .35 / 100)
+    paths = write_outputs(report, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert [len(c["runs"]) for c in data["cells"]] == [2, 2] and data["cells"][1]["aggregate"]["n"] == 2
+    assert paths["md"].read_text() == text
+    pytest.importorskip("matplotlib")
+    assert paths["png"].stat().st_size > 0
+
+
+def test_one_seed_prints_values_without_intervals_and_a_fixed_target():
+    from sara.bench.matrix_report import analyze, format_report
+
+    runs = [r for r in _synthetic_runs() if r[1]["seed"] == 0]
+    report = analyze(runs, budget=300, target_acc=0.6)
+    assert report["algos"]["grpo"]["target"] == 0.6
+    text = format_report(report)
+    assert "±" not in text.split("How the columns")[0].split("|---")[1] and "fixed by --target-acc" in text
+    (ds,) = [c for c in report["cells"] if c["cell"] == "ds"]
+    assert ds["aggregate"]["rollouts_to_target"]["mean"] == pytest.approx(200)
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
+def test_small_matrix_runs_every_cell_for_every_seed(tmp_path):
+    """2 cells x 2 seeds of a tiny run (a 2-step budget of 4 groups, 40 eval prompts), in 2 worker processes."""
+    pytest.importorskip("torch")
+    from sara.cli import main
+
+    out = tmp_path / "m"
+    assert main(["matrix", "--quick", "--steps", "2", "--seeds", "2", "--algos", "grpo", "--allocators",
+                 "ds;sara@predictive", "--set", "groups_per_step=4", "--set", "eval.num_prompts=40",
+                 "--set", "eval.every=1", "--workers", "2", "--out", str(out)]) == 0
+    data = json.loads((out / "matrix.json").read_text())
+    assert data["seeds"] == [0, 1] and data["budget"] == 2 * 4 * 8
+    ds, sara = data["cells"]
+    assert (ds["cell"], sara["cell"], sara["sampler"]) == ("ds", "sara@predictive", "predictive")
+    for cell in (ds, sara):
+        assert [r["seed"] for r in cell["runs"]] == [0, 1] and cell["aggregate"]["n"] == 2
+        for r in cell["runs"]:
+            assert 0 < r["rollouts"] <= data["budget"] and r["curve"]["rollouts"][-1] == r["rollouts"]
+            assert len(r["curve"]["acc"]) >= 2 and r["measures"]["final_acc"] == r["acc_after"]
+            assert (out / "cells" / cell["name"] / f"seed{r['seed']}" / "metrics.jsonl").is_file()
+    # the same starting weights: per seed, every cell's first evaluation (same eval seeds) is the same
+    assert [r["acc_before"] for r in ds["runs"]] == [r["acc_before"] for r in sara["runs"]]
+    assert data["algos"]["grpo"]["target"] == pytest.approx(sum(r["acc_after"] for r in ds["runs"]) / 2)
+    assert "| **ds** (ref) |" in (out / "matrix.md").read_text()
+
+
+def _runs(out):
+    data = json.loads((out / "matrix.json").read_text())
+    return [{**r, "allocator": c["cell"], "algo": c["algo"]} for c in data["cells"] for r in c["runs"]]
+
+
 @pytest.mark.slow
 def test_quick_matrix_runs_all_cells_at_equal_budget(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from sara.cli import main
+
     out = tmp_path / "matrix"
-    assert main(["matrix", "--quick", "--algos", ",".join(ALGOS), "--allocators", ",".join(ALLOCATORS),
+    assert main(["matrix", "--quick", "--algos", ";".join(ALGOS), "--allocators", ";".join(ALLOCATORS),
                  "--out", str(out)]) == 0
-    results = json.loads((out / "matrix.json").read_text())
+    results = _runs(out)
     assert sorted((r["algo"], r["allocator"]) for r in results) == sorted((a, b) for a in ALGOS for b in ALLOCATORS)
     budget = {r["rollouts"] for r in results if r["allocator"] == "uniform"}
     assert len(budget) == 1  # uniform spends exactly the budget
     b = budget.pop()
     for r in results:
         assert r["rollouts"] <= b  # nobody spends more than the shared budget
-        assert r["rollouts"] >= 0.9 * b or r["allocator"] != "uniform"
         assert r["acc_before"] == results[0]["acc_before"]  # same starting policy and eval seeds
         assert r["acc_after"] > r["acc_before"] + LOOSE_MARGIN, r
         assert r["tokens"] > 0 and r["steps"] >= 1
@@ -39,7 +223,7 @@ def test_quick_matrix_runs_all_cells_at_equal_budget(tmp_path, capsys):
         assert by[(algo, "ds")]["effective_groups"] == by[(algo, "ds")]["committed_groups"]
         assert by[(algo, "sara")]["effective_groups"] == by[(algo, "sara")]["committed_groups"]
     table = (out / "matrix.md").read_text()
-    assert table.count("\n| ") >= 12 + 1 and "effective fraction" in table
+    assert table.count("\n| ") >= 4 * (3 + 1) and "eff. frac" in table
     assert (out / "matrix.png").stat().st_size > 0
     assert "reinforce_pp" in capsys.readouterr().out
 
@@ -48,28 +232,17 @@ def test_quick_matrix_runs_all_cells_at_equal_budget(tmp_path, capsys):
 def test_quick_matrix_runs_the_continuous_and_text_tree_allocators(tmp_path):
     """Issue 5's extension allocators are matrix cells like any other; trees on text (TreeTaskEnv) pay each branch's
     shared segment once, so at the same rollout budget they generate fewer tokens."""
+    pytest.importorskip("torch")
+    from sara.cli import main
+
     out = tmp_path / "matrix"
     specs = ["sara_continuous", "sara_tree:node_prefix=true"]
-    assert main(["matrix", "--quick", "--algos", "grpo", "--allocators", ",".join(specs), "--out", str(out)]) == 0
-    by = {r["allocator"]: r for r in json.loads((out / "matrix.json").read_text())}
+    assert main(["matrix", "--quick", "--algos", "grpo", "--allocators", ";".join(specs), "--target-acc", "0.9",
+                 "--out", str(out)]) == 0
+    by = {r["allocator"]: r for r in _runs(out)}
     assert set(by) == set(specs)
     for r in by.values():
         assert r["acc_after"] > r["acc_before"] + LOOSE_MARGIN, r
         assert r["effective_groups"] == r["committed_groups"] > 0
     tree, flat = by["sara_tree:node_prefix=true"], by["sara_continuous"]
     assert tree["rollouts"] == flat["rollouts"] and tree["tokens"] < 0.95 * flat["tokens"]
-
-
-def test_sara_vs_ds_note_uses_the_plain_sara_cell_beside_variants():
-    from sara.bench.matrix import sara_vs_ds
-
-    def cell(alloc, acc, curve):
-        return {"algo": "grpo", "allocator": alloc, "acc_after": acc, "rollouts": 1000,
-                "curve": [{"env/cum_rollouts": r, "eval/acc_sample": a} for r, a in curve]}
-
-    results = [cell("ds", 0.30, [(0, 0.1), (1000, 0.30)]), cell("sara", 0.31, [(0, 0.1), (600, 0.30)]),
-               cell("sara:prior=empirical", 0.2, [(0, 0.1), (1000, 0.2)])]
-    (note,) = sara_vs_ds(results)
-    assert "after 600 rollouts" in note and "did not reach" not in note
-    (note,) = sara_vs_ds(results[:1] + results[2:])  # only a variant: it stands for SARA
-    assert "did not reach" in note
