@@ -68,6 +68,8 @@ def test_the_command_shows_the_semicolon_form_on_an_ambiguous_list(capsys):
     assert "allocators" in err and "ds;sara:prior=history,decay=0.95@predictive" in err
     assert main(["matrix", "--seeds", "0"]) == 2
     assert "seeds" in capsys.readouterr().err
+    assert main(["matrix", "--set", "task=sara/Arithmetic-v0:eval_size=0", "--out", "/nonexistent/m"]) == 2
+    assert "field 'task'" in capsys.readouterr().err  # no held-out prompts: nothing to measure
 
 
 # --------------------------------------------------------------------------------------------------- statistics

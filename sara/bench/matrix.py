@@ -199,6 +199,9 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
     # weights depend on its options only (init_seed, warm_start.seed), never on TrainConfig.seed: every seed starts
     # from the same weights, and seeds vary rollouts, prompt order and mini-batch order.
     task = make_task(base_cfg.task)
+    if not task.eval_prompts:
+        raise ConfigError(f"matrix: field 'task': {base_cfg.task!r} has no held-out prompts, and sara matrix measures "
+                          "held-out accuracy; hold some out with the task option eval_size=N")
     policy_name, policy_options = base_cfg.component("policy")
     POLICIES.get(policy_name)(policy_options, task=task, seed=base_cfg.seed, verbose=True)
     print(f"sara matrix: {len(cells)} cells x {seeds} seed(s), budget {budget:,} rollouts each, {workers} worker(s) "
