@@ -1,4 +1,4 @@
-"""``sara bench allocation`` and ``sara bench decisions``."""
+"""``sara bench allocation``, ``sara bench decisions`` and ``sara bench generation``."""
 
 from __future__ import annotations
 
@@ -46,6 +46,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--k", type=int, default=8)
     d.add_argument("--allocator", default="sara:tau_low=0.45")
     d.set_defaults(func=_decisions)
+
+    g = bsub.add_parser("generation", help="tokens/s and seconds per effective group of allocators on a real backend "
+                        "(sync rounds vs streaming), against one full batch of the same rollouts",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g.add_argument("--backend", default="tiny", help="tiny | hf | vllm, with options (hf:dtype=float32,...)")
+    g.add_argument("--allocators", default="ds;sara;sara+stream",
+                   help="allocator specs separated by ';'; a spec ending in '+stream' runs under the streaming driver "
+                        "(sara.collect_stream) instead of synchronous rounds (sara.collect)")
+    g.add_argument("--task", default=None, help="task spec (default: the tiny policy's task for tiny; 1-digit sums "
+                   "for hf / vllm)")
+    g.add_argument("--groups", type=int, default=32, help="target groups per collection step")
+    g.add_argument("--k", type=int, default=8, help="group size")
+    g.add_argument("--steps", type=int, default=3, help="collection steps per allocator")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--slots", type=int, default=None,
+                   help="rollouts the streaming driver keeps in flight (default: the engine's slots)")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="generation cap (default: the task's)")
+    g.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    g.set_defaults(func=_generation)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 
 
@@ -86,6 +105,26 @@ def _allocation(args: argparse.Namespace) -> int:
     write_json(report, json_path)
     plot_path = plot_results(report, args.plot or json_path.with_suffix(".png"))
     print(f"\nJSON: {json_path}" + (f"   plot: {plot_path}" if plot_path else ""))
+    return 0
+
+
+def _generation(args: argparse.Namespace) -> int:
+    from sara.bench.generation import (
+        GenerationBenchConfig,
+        format_table,
+        parse_allocators,
+        run_generation_bench,
+        write_json,
+    )
+
+    specs = [spec + ("+stream" if driver == "stream" else "") for spec, driver in parse_allocators(args.allocators)]
+    cfg = validate_config(GenerationBenchConfig, dict(
+        backend=args.backend, allocators=specs, task=args.task, groups=args.groups, k=args.k, steps=args.steps,
+        seed=args.seed, slots=args.slots, max_new_tokens=args.max_new_tokens), what="bench generation")
+    report = run_generation_bench(cfg)
+    print(format_table(report))
+    if args.json_out:
+        print(f"\nJSON: {write_json(report, args.json_out)}")
     return 0
 
 

@@ -1,0 +1,334 @@
+"""``sara bench generation``: generation throughput of allocators on a real backend, against one full batch.
+
+Every allocator spec runs ``steps`` collection steps of ``groups`` target groups on ONE backend instance (weights
+fixed, no training), with the same task prompts, prompt sampler seed and rollout seeds. A spec is run by
+``sara.collect.collect`` (synchronous rounds) or, with the ``+stream`` suffix, by ``sara.collect_stream`` (per-rollout
+decisions on a continuously batched engine). After each step, the step's delivered rollouts (same prompts, same seeds,
+same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's full-batch throughput on the same
+work, measured in the same run.
+
+Per allocator (``results[i]`` of the JSON report):
+
+* ``tokens_per_second``: generated tokens / wall seconds of the collection steps. Tokens include the partial tokens of
+  rollouts the streaming driver aborted; seconds include prompt admission, allocator decisions and scoring (the
+  verifier), i.e. everything ``collect`` / ``collect_stream`` do. ``generate_seconds`` / ``score_seconds`` split the
+  environment's time where the environment reports it.
+* ``full_batch_tokens_per_second``: tokens / seconds of the one-batch regeneration (generation only, no scoring);
+  ``throughput_ratio`` = the first over the second (1.0 = the driver keeps the engine as busy as one full batch).
+* ``seconds_per_effective_group`` and ``wall_ratio_vs_ds`` (over the ``ds`` entry's); ``rollouts_per_effective_group``
+  (delivered rollouts; aborted ones are counted in ``aborted_rollouts``) and ``ratio_vs_ds``.
+* ``mean_inflight``: average rollouts in flight. Streaming: the driver's ``stats.mean_inflight``. Synchronous: live
+  rows per decode step, ``sum(tokens) / sum over rounds of the round's longest completion``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from sara.config import ConfigError, SaraModel, parse_spec, validate_config
+
+__all__ = ["GenerationBenchConfig", "STREAM_SUFFIX", "DEFAULT_TASKS", "parse_allocators", "run_generation_bench",
+           "format_table", "write_json"]
+
+STREAM_SUFFIX = "+stream"
+"""An allocator spec ending in this runs under ``collect_stream`` instead of ``collect``."""
+BACKEND_NAMES = ("tiny", "hf", "vllm")
+DEFAULT_TASKS = {
+    # the tiny policy's default task (``sara train``'s embedded run), warm-started on it
+    "tiny": "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000",
+    # 1-digit sums, as in examples/configs/smollm2_*.yaml: SmolLM2-135M solves ~3% at T=1, so some groups are mixed
+    "hf": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=20",
+    "vllm": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=20",
+}
+
+
+class GenerationBenchConfig(SaraModel):
+    """One ``sara bench generation`` run."""
+
+    backend: str = "tiny"
+    """Backend spec: ``tiny``, ``hf`` or ``vllm``, with options (``hf:dtype=float32,max_batch_size=32``); the real
+    backends load the prepared ``smollm2`` model unless ``model=`` is given."""
+    allocators: list[str] = Field(default_factory=lambda: ["ds", "sara", "sara+stream"])
+    """Allocator specs (``sara.allocators.make_allocator``), each optionally suffixed ``+stream``."""
+    task: str | None = None
+    """Task spec (None = ``DEFAULT_TASKS[backend]``)."""
+    groups: int = Field(32, ge=1)
+    """Target (committed) groups per collection step."""
+    k: int = Field(8, ge=2)
+    """Group size."""
+    steps: int = Field(3, ge=1)
+    """Collection steps per allocator."""
+    seed: int = Field(0, ge=0)
+    """Seed of the prompt sampler, the rollouts and the tiny policy's warm start."""
+    slots: int | None = Field(None, ge=1)
+    """Rollouts the streaming driver keeps in flight (``max_inflight``; None = the engine's ``slots``)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation cap (None = the task's suggestion)."""
+    sampler: str = "uniform"
+    """Prompt sampler spec, the same for every allocator."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        name, _ = parse_spec(v)
+        if name not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+        return v
+
+    @field_validator("allocators")
+    @classmethod
+    def _specs(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("give at least one allocator spec, e.g. 'ds;sara;sara+stream'")
+        for spec in v:
+            base, _ = split_driver(spec)
+            parse_spec(base)
+        return v
+
+
+def split_driver(spec: str) -> tuple[str, str]:
+    """``"sara:tau_low=0.3+stream"`` -> ``("sara:tau_low=0.3", "stream")``; without the suffix the driver is
+    ``"sync"``."""
+    spec = spec.strip()
+    if spec.endswith(STREAM_SUFFIX):
+        return spec[: -len(STREAM_SUFFIX)].strip(), "stream"
+    return spec, "sync"
+
+
+def parse_allocators(text: str) -> list[tuple[str, str]]:
+    """Parse the ``--allocators`` value: ``;``-separated allocator specs, each optionally suffixed ``+stream``.
+
+    Returns:
+        ``[(allocator spec, driver), ...]`` with driver ``"sync"`` or ``"stream"``.
+
+    Raises:
+        ConfigError: an empty list or an empty spec.
+    """
+    parts = [p.strip() for p in text.split(";")]
+    if parts and not parts[-1]:
+        parts.pop()  # a trailing ';'
+    if not parts or any(not split_driver(p)[0] for p in parts):
+        raise ConfigError(f"bench generation: field 'allocators': {text!r} has an empty spec; write allocator specs "
+                          "separated by ';', each optionally ending in '+stream', e.g. 'ds;sara;sara+stream'")
+    return [split_driver(p) for p in parts]
+
+
+class _Recorder:
+    """The environment ``collect`` sees: forwards rounds and records the decode steps each one needed."""
+
+    def __init__(self, env: Any) -> None:
+        self.env, self.prompts = env, env.prompts
+        self.tokens = self.decode_steps = 0
+
+    def rollout(self, requests: Any) -> Any:
+        out = self.env.rollout(requests)
+        lens = [r.num_tokens for rs in out for r in rs]
+        self.tokens += sum(lens)
+        self.decode_steps += max(lens, default=0)
+        return out
+
+
+def _build(cfg: GenerationBenchConfig) -> tuple[Any, Any, str]:
+    """(task, backend, task spec): the policy (tiny only) and backend built once through the registries."""
+    from sara.backends import BACKENDS
+    from sara.envs.tasks import make_task
+
+    name, options = parse_spec(cfg.backend)
+    task_spec = cfg.task or DEFAULT_TASKS[name]
+    task = make_task(task_spec)
+    if name == "tiny":
+        from sara.policies import POLICIES
+
+        policy = POLICIES.get("tiny")({}, task=task, seed=cfg.seed)
+    else:  # weights stay fixed: the backend loads the model itself, no trainable copy is needed
+        policy = None
+        options = {"model": "smollm2", **options}
+    return task, BACKENDS.get(name)(policy, options, task=task, seed=cfg.seed), task_spec
+
+
+def _check_streaming(cfg: GenerationBenchConfig, backend: Any, env: Any) -> None:
+    """A ``ConfigError`` naming ``allocators`` when a ``+stream`` spec meets a backend that cannot stream."""
+    from sara.collect_stream import streams
+
+    streamed = [s for s in cfg.allocators if split_driver(s)[1] == "stream"]
+    if streamed and not streams(env):
+        raise ConfigError(f"bench generation: field 'allocators': {streamed[0]!r} runs under the streaming driver "
+                          f"and backend {cfg.backend!r} ({type(backend).__name__}) cannot stream (no submit / poll / "
+                          "abort / inflight / slots); drop the '+stream' suffix or use a streaming backend")
+
+
+def _full_batch(backend: Any, env: Any, result: Any) -> tuple[int, float]:
+    """Regenerate the step's delivered rollouts (same prompts, prefixes, seeds) as ONE ``generate`` call."""
+    from sara.envs.base import GenerationRequest
+    from sara.types import RolloutRequest
+
+    seeds: dict[tuple[int, str], list[int]] = {}
+    for g in (*result.groups, *result.abandoned, *result.discarded):
+        for r in g.rollouts:
+            seeds.setdefault((g.pool_index, str(r.metadata.get("prefix", ""))), []).append(int(r.seed))
+    requests = [GenerationRequest(prompt=env.render(RolloutRequest(unit_id=0, pool_index=p, prompt=env.prompts[p],
+                                                                   seeds=tuple(s), prefix=pre)), seeds=tuple(s))
+                for (p, pre), s in seeds.items()]
+    if not requests:
+        return 0, 0.0
+    t0 = time.perf_counter()
+    out = backend.generate(requests, env.sampling)
+    seconds = time.perf_counter() - t0
+    return sum(c.num_tokens for o in out for c in o), seconds
+
+
+def _reset_cache(backend: Any) -> None:
+    """Drop an engine's prefix cache, so no measurement reuses KV computed by an earlier one (vLLM)."""
+    llm = getattr(backend, "llm", None)
+    if llm is not None and hasattr(llm, "reset_prefix_cache"):
+        llm.reset_prefix_cache()
+
+
+def _run_one(cfg: GenerationBenchConfig, spec: str, driver: str, backend: Any, env: Any) -> dict[str, Any]:
+    from sara.allocators import make_allocator, make_sampler
+    from sara.collect import collect
+
+    allocator = make_allocator(spec, k=cfg.k)
+    sampler = make_sampler(cfg.sampler, len(env.prompts), seed=cfg.seed, k=allocator.k)
+    rec = _Recorder(env)
+    m0 = env.metrics()
+    acc = dict(tokens=0, rollouts=0, effective_groups=0, aborted_rollouts=0, aborted_tokens=0, wall_seconds=0.0,
+               full_tokens=0, full_seconds=0.0, inflight_weighted=0.0)
+    for step in range(cfg.steps):
+        _reset_cache(backend)
+        t0 = time.perf_counter()
+        if driver == "stream":
+            from sara.collect_stream import collect_stream
+
+            res = collect_stream(allocator, env, sampler, target_groups=cfg.groups, max_inflight=cfg.slots,
+                                 seed=cfg.seed, step=step)
+        else:
+            res = collect(allocator, rec, sampler, target_groups=cfg.groups, seed=cfg.seed, step=step)
+        wall = time.perf_counter() - t0
+        st = res.stats
+        aborted_tokens = int(getattr(st, "aborted_tokens", 0) or 0)
+        acc["wall_seconds"] += wall
+        acc["tokens"] += st.tokens + aborted_tokens
+        acc["rollouts"] += st.rollouts
+        acc["effective_groups"] += st.effective_groups
+        acc["aborted_rollouts"] += int(getattr(st, "aborted_rollouts", 0) or 0)
+        acc["aborted_tokens"] += aborted_tokens
+        acc["inflight_weighted"] += float(getattr(st, "mean_inflight", 0.0) or 0.0) * wall
+        _reset_cache(backend)
+        tok, sec = _full_batch(backend, env, res)
+        acc["full_tokens"] += tok
+        acc["full_seconds"] += sec
+    m1 = env.metrics()
+    if driver == "stream":
+        mean_inflight = acc["inflight_weighted"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
+    else:
+        mean_inflight = rec.tokens / rec.decode_steps if rec.decode_steps else 0.0
+    eff = acc["effective_groups"]
+    tps = acc["tokens"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
+    full_tps = acc["full_tokens"] / acc["full_seconds"] if acc["full_seconds"] else 0.0
+    return {
+        "allocator": spec, "driver": driver,
+        "tokens_per_second": tps, "full_batch_tokens_per_second": full_tps,
+        "throughput_ratio": tps / full_tps if full_tps else None,
+        "seconds_per_effective_group": acc["wall_seconds"] / eff if eff else None,
+        "wall_ratio_vs_ds": None,
+        "rollouts_per_effective_group": acc["rollouts"] / eff if eff else None,
+        "ratio_vs_ds": None,
+        "mean_inflight": mean_inflight,
+        "aborted_rollouts": acc["aborted_rollouts"], "aborted_tokens": acc["aborted_tokens"],
+        "tokens": acc["tokens"], "rollouts": acc["rollouts"], "effective_groups": eff,
+        "wall_seconds": acc["wall_seconds"],
+        "generate_seconds": m1["env/generate_seconds"] - m0["env/generate_seconds"],
+        "score_seconds": m1["env/score_seconds"] - m0["env/score_seconds"],
+        "full_batch_tokens": acc["full_tokens"], "full_batch_seconds": acc["full_seconds"],
+    }
+
+
+def _ratios_vs_ds(results: list[dict[str, Any]]) -> None:
+    ds = next((r for r in results if parse_spec(r["allocator"])[0] == "ds" and r["driver"] == "sync"), None)
+    if ds is None:
+        return
+    for r in results:
+        for key, ref, out in (("seconds_per_effective_group", ds["seconds_per_effective_group"], "wall_ratio_vs_ds"),
+                              ("rollouts_per_effective_group", ds["rollouts_per_effective_group"], "ratio_vs_ds")):
+            r[out] = r[key] / ref if r[key] is not None and ref else None
+
+
+def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, backend: Any = None,
+                         task: Any = None) -> dict[str, Any]:
+    """Run every allocator spec on one backend and return the JSON report (see the module docstring).
+
+    Args:
+        config: The run (a ``GenerationBenchConfig`` or a mapping of its fields).
+        backend: Use this ``GenerationBackend`` instead of building ``config.backend`` (its caller closes it); needs
+            ``task``.
+        task: The ``Task`` that goes with ``backend``.
+
+    Raises:
+        ConfigError: invalid fields; a ``+stream`` spec on a backend that cannot stream.
+    """
+    from sara.envs.base import SamplingConfig
+    from sara.envs.task_env import TaskEnv
+
+    cfg = config if isinstance(config, GenerationBenchConfig) else validate_config(
+        GenerationBenchConfig, dict(config), what="bench generation")
+    owned = backend is None
+    if owned:
+        task, backend, task_spec = _build(cfg)
+    else:
+        if task is None:
+            raise ConfigError("bench generation: field 'task': pass the Task that goes with the given backend")
+        task_spec = cfg.task or task.id
+    try:
+        sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens or task.max_new_tokens or 64, stop=task.stop)
+        with TaskEnv(task, backend, sampling) as env:
+            _check_streaming(cfg, backend, env)
+            backend.generate([_warm_request(env)], sampling)  # warm-up (first-call set-up, not measured)
+            results = [_run_one(cfg, spec, driver, backend, env)
+                       for spec, driver in (split_driver(s) for s in cfg.allocators)]
+    finally:
+        if owned:
+            backend.close()
+    _ratios_vs_ds(results)
+    return {"backend": cfg.backend, "task": task_spec, "config": cfg.model_dump(), "results": results}
+
+
+def _warm_request(env: Any) -> Any:
+    from sara.envs.base import GenerationRequest
+    from sara.types import RolloutRequest
+
+    req = RolloutRequest(unit_id=0, pool_index=0, prompt=env.prompts[0], seeds=(0,))
+    return GenerationRequest(prompt=env.render(req), seeds=tuple(range(8)))
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as a markdown table (one row per allocator)."""
+    head = ("| allocator | driver | tok/s | full batch tok/s | throughput ratio | s / eff. group | wall vs DS | "
+            "rollouts / eff. group | vs DS | mean in flight | aborted | eff. groups |")
+    lines = [f"backend {report['backend']}, task {report['task']}", "", head,
+             "|" + "---|" * (head.count("|") - 1)]
+    for r in report["results"]:
+        lines.append(f"| `{r['allocator']}` | {r['driver']} | {_fmt(r['tokens_per_second'], '.1f')} | "
+                     f"{_fmt(r['full_batch_tokens_per_second'], '.1f')} | {_fmt(r['throughput_ratio'])} | "
+                     f"{_fmt(r['seconds_per_effective_group'], '.3f')} | {_fmt(r['wall_ratio_vs_ds'])} | "
+                     f"{_fmt(r['rollouts_per_effective_group'], '.1f')} | {_fmt(r['ratio_vs_ds'])} | "
+                     f"{_fmt(r['mean_inflight'], '.1f')} | {r['aborted_rollouts']} | {r['effective_groups']} |")
+    return "\n".join(lines)
+
+
+def write_json(report: dict[str, Any], path: str | Path) -> Path:
+    """Write the report as JSON (parent directories created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+

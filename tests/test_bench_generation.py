@@ -1,0 +1,128 @@
+"""``sara bench generation``: spec parsing, the JSON report's fields and ratios, and the errors it names.
+
+Tiny configurations (a few groups, one or two steps) on the tiny backend. No wall-clock assertions: only the report's
+structure and the ratios' consistency.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sara.bench.generation import format_table, parse_allocators, run_generation_bench
+from sara.config import ConfigError
+
+FIELDS = ("allocator", "driver", "tokens_per_second", "full_batch_tokens_per_second", "throughput_ratio",
+          "seconds_per_effective_group", "wall_ratio_vs_ds", "rollouts_per_effective_group", "ratio_vs_ds",
+          "mean_inflight", "aborted_rollouts", "tokens", "rollouts", "effective_groups", "wall_seconds")
+TASK = "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000"  # the tiny policy's default task (cached warm start)
+
+
+def test_parse_allocators_splits_on_semicolons_and_reads_the_stream_suffix():
+    assert parse_allocators("ds;sara:tau_low=0.3,probe=2/1;sara+stream") == [
+        ("ds", "sync"), ("sara:tau_low=0.3,probe=2/1", "sync"), ("sara", "stream")]
+    assert parse_allocators(" sara_async:max_inflight=4 +stream ; ds ;") == [
+        ("sara_async:max_inflight=4", "stream"), ("ds", "sync")]
+    for bad in ("", ";", "ds;;sara", "+stream"):
+        with pytest.raises(ConfigError, match="field 'allocators'"):
+            parse_allocators(bad)
+
+
+def test_unknown_backend_and_bad_fields_are_config_errors():
+    with pytest.raises(ConfigError, match="field 'backend'.*unknown backend 'nope'"):
+        run_generation_bench(dict(backend="nope"))
+    with pytest.raises(ConfigError, match="field 'groups'"):
+        run_generation_bench(dict(groups=0))
+    with pytest.raises(ConfigError, match="field 'allocators'"):
+        run_generation_bench(dict(allocators=[]))
+
+
+class _PlainBackend:
+    """A backend without the streaming API (generate only)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def generate(self, requests, sampling):
+        return self.inner.generate(requests, sampling)
+
+    def update_weights(self, state_dict, version):
+        self.inner.update_weights(state_dict, version)
+
+    def close(self):
+        self.inner.close()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from sara.backends import make_backend
+    from sara.envs.tasks import make_task
+    from sara.policies import POLICIES
+
+    task = make_task(TASK)
+    backend = make_backend("tiny", POLICIES.get("tiny")({}, task=task, seed=0))
+    yield task, backend
+    backend.close()
+
+
+def test_a_streaming_spec_on_a_backend_that_cannot_stream_names_the_field(tiny):
+    task, backend = tiny
+    with pytest.raises(ConfigError, match="field 'allocators'.*'sara\\+stream'.*cannot stream"):
+        run_generation_bench(dict(allocators=["ds", "sara+stream"], groups=2, k=4, steps=1), backend=_PlainBackend(
+            backend), task=task)
+
+
+def _check_report(report, specs):
+    assert set(report) == {"backend", "task", "config", "results"}
+    assert json.loads(json.dumps(report)) == report  # plain JSON
+    assert [r["allocator"] + ("+stream" if r["driver"] == "stream" else "") for r in report["results"]] == specs
+    for r in report["results"]:
+        assert set(FIELDS) <= set(r), set(FIELDS) - set(r)
+        assert r["tokens"] > 0 and r["rollouts"] > 0 and r["wall_seconds"] > 0 and r["effective_groups"] > 0
+        assert math.isclose(r["throughput_ratio"], r["tokens_per_second"] / r["full_batch_tokens_per_second"])
+        assert math.isclose(r["tokens_per_second"], r["tokens"] / r["wall_seconds"])
+        assert math.isclose(r["seconds_per_effective_group"], r["wall_seconds"] / r["effective_groups"])
+        assert math.isclose(r["rollouts_per_effective_group"], r["rollouts"] / r["effective_groups"])
+        assert r["full_batch_tokens"] > 0 and r["mean_inflight"] > 0
+    ds = report["results"][0]
+    assert ds["allocator"] == "ds" and ds["wall_ratio_vs_ds"] == 1.0 and ds["ratio_vs_ds"] == 1.0
+    for r in report["results"]:
+        assert math.isclose(r["wall_ratio_vs_ds"], r["seconds_per_effective_group"] / ds["seconds_per_effective_group"])
+        assert math.isclose(r["ratio_vs_ds"], r["rollouts_per_effective_group"] / ds["rollouts_per_effective_group"])
+    table = format_table(report)
+    assert table.count("\n| `") == len(specs)
+
+
+def test_sync_report_on_the_tiny_backend(tiny):
+    """Synchronous drivers: the full batch regenerates the very same tokens (per-completion seeds), nothing is
+    aborted."""
+    task, backend = tiny
+    specs = ["ds", "sara:tau_low=0.45"]
+    report = run_generation_bench(dict(allocators=specs, groups=2, k=4, steps=2, task=TASK), backend=backend, task=task)
+    _check_report(report, specs)
+    assert report["task"] == TASK and report["config"]["groups"] == 2
+    for r in report["results"]:
+        assert r["driver"] == "sync" and r["aborted_rollouts"] == 0
+        assert r["full_batch_tokens"] == r["tokens"]  # same prompts + seeds, re-batched: the same completions
+
+
+def test_default_run_on_the_tiny_backend_streams(tiny):
+    """The default comparison (ds; sara; sara+stream) built from the config alone: the streaming entry is driven by
+    collect_stream (its tokens include the aborted rollouts' partial tokens)."""
+    report = run_generation_bench(dict(groups=2, k=4, steps=1))
+    _check_report(report, ["ds", "sara", "sara+stream"])
+    stream = report["results"][2]
+    assert stream["driver"] == "stream" and stream["aborted_tokens"] <= stream["tokens"]
+
+
+
+def test_cli_prints_one_error_line_for_a_bad_backend_or_spec_list(capsys):
+    from sara.cli import main
+
+    assert main(["bench", "generation", "--backend", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sara: error:") and "field 'backend'" in err and "tiny, hf, vllm" in err
+    assert main(["bench", "generation", "--allocators", "ds;;sara"]) == 2
+    assert "field 'allocators'" in capsys.readouterr().err
