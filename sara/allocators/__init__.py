@@ -49,6 +49,7 @@ __all__ = [
     "UnitStatus",
     "UnitTable",
     "UnitView",
+    "compose",
     "make_allocator",
     "make_sampler",
     "p_effective",
@@ -89,3 +90,23 @@ def make_allocator(spec: str | BudgetAllocator, **defaults: Any) -> BudgetAlloca
     merged = {k: v for k, v in defaults.items() if k in known}
     merged.update(options)
     return cls(merged)
+
+
+def compose(allocator: BudgetAllocator, sampler: PromptSampler) -> tuple[BudgetAllocator, PromptSampler]:
+    """Wire an allocator to the sampler it runs with: the one place where the two are composed.
+
+    A sampler that keeps per-prompt posteriors (``posterior``, a ``HistoryPrior``: the predictive sampler) lends them
+    to an allocator that can use them (``borrow_history``: ``sara``) unless the allocator's spec set ``prior``. So
+    ``allocator=sara`` with ``sampler=predictive`` is SARA + predictive selection, each prompt's prior being the
+    sampler's history; ``sara:prior=constant`` with the same sampler keeps its own prior.
+
+    Returns:
+        ``(allocator, sampler)``, the same objects (the allocator's prior possibly replaced).
+    """
+    from sara.allocators.priors import HistoryPrior
+
+    history = getattr(sampler, "posterior", None)
+    borrow = getattr(allocator, "borrow_history", None)
+    if isinstance(history, HistoryPrior) and borrow is not None:
+        borrow(history)
+    return allocator, sampler

@@ -43,6 +43,7 @@ class AsyncSARAAllocator(SARAAllocator):
     streaming drivers (the streaming API itself is the template's, ``sara.allocators.streaming``)."""
 
     name = "sara_async"
+    default_rule = "paper"
     Config = AsyncConfig
     config: AsyncConfig
 

@@ -111,8 +111,8 @@ class ContinuousConfig(SARAConfig):
 
     @field_validator("prior")
     @classmethod
-    def _only_constant_prior(cls, v: str) -> str:
-        if v != "constant":
+    def _only_constant_prior(cls, v: str | None) -> str | None:
+        if v not in (None, "constant"):
             raise ValueError("only 'constant' is supported (the reward model has its own prior: a_low, a_high, a_mid, "
                              "sigma_shape, sigma_scale)")
         return v
@@ -132,6 +132,8 @@ class ContinuousSARAAllocator(SARAAllocator):
     """
 
     name = "sara_continuous"
+    default_rule = "paper"  # its p_eff is the reward model's; the optimal rule is for 0/1 rewards
+    borrows_history = False
     Config = ContinuousConfig
     config: ContinuousConfig
 

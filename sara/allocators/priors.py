@@ -30,7 +30,7 @@ from sara.allocators.base import ConstantPrior, Prior, UnitTable, UnitView
 from sara.allocators.posteriors import fit_beta_marginal_likelihood, fit_beta_moments
 from sara.config import ConfigError
 
-__all__ = ["EmpiricalBayesPrior", "HistoryPrior", "make_prior", "prior_p_eff", "refresh_units", "refreshed_view", "PRIOR_KINDS"]
+__all__ = ["BorrowedHistory", "EmpiricalBayesPrior", "HistoryPrior", "make_prior", "prior_p_eff", "refresh_units", "refreshed_view", "PRIOR_KINDS"]
 
 PRIOR_KINDS = ("constant", "empirical", "history")
 
@@ -224,6 +224,47 @@ class HistoryPrior(Prior):
         self.fail = np.asarray(state["fail"], np.float64).copy()
         self.last_step = np.asarray(state["last_step"], np.int64).copy()
         self.step = int(state["step"])
+
+
+class BorrowedHistory(Prior):
+    """Per-prompt priors read from another component's ``HistoryPrior`` (a predictive sampler's posterior).
+
+    ``params`` = the base population prior plus the history's decayed evidence (``hist_s`` / ``hist_f``), like
+    ``HistoryPrior``; ``update`` only teaches the base (the owner of the history updates it), and ``state_dict`` holds
+    only the base (the owner checkpoints the history). Built by ``sara.allocators.compose``.
+
+    Args:
+        history: The shared per-prompt history.
+        base: Population prior for the evidence to sit on.
+    """
+
+    def __init__(self, history: HistoryPrior, base: Prior) -> None:
+        self.history = history
+        self.base = base
+
+    def params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
+        base = self.base.params(pool_index)
+        s, f = self.history.evidence(pool_index)
+        return {"alpha0": base["alpha0"] + s, "beta0": base["beta0"] + f, "hist_s": s, "hist_f": f}
+
+    def refresh(self, table: UnitTable) -> bool:
+        """Refit the base within the step (when it can) and rewrite the units' priors."""
+        if not refresh_units(self.base, table):
+            return False
+        base = self.base.params(table.pool_index)
+        table.prior["alpha0"] = base["alpha0"] + table.prior.get("hist_s", np.zeros(len(table)))
+        table.prior["beta0"] = base["beta0"] + table.prior.get("hist_f", np.zeros(len(table)))
+        return True
+
+    def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
+        self.base.update(pool_index, n, rsum, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state:
+            self.base.load_state_dict(state["base"])
 
 
 def make_prior(kind: str, *, alpha0: float = 1.0, beta0: float = 1.0, decay: float = 0.7,

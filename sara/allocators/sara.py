@@ -1,9 +1,24 @@
-"""SARA: Sequential Adaptive Rollout Allocation (two-threshold rule on the Beta-Binomial p_eff)."""
+"""SARA: Sequential Adaptive Rollout Allocation.
+
+Two stopping rules on the same template (probe one rollout at a time, commit a mixed prefix and fill it to k):
+
+* ``rule=optimal`` (the default): abandon an unmixed prefix exactly when finishing it costs more rollouts per expected
+  effective group than the step achieves on average, under a population prior fitted online (a mixture over a grid of
+  success rates, ``sara.allocators.stopping``). It minimizes expected rollouts per effective group under the fitted
+  population, so it is never worse than DS there (on a mostly-mixed population it never abandons and IS DS).
+* ``rule=paper``: the paper's two thresholds on the Beta-Binomial p_eff: ABANDON when p_eff < ``tau_low`` (0.45),
+  COMMIT early when p_eff >= ``tau_high``. Reach it with ``sara:rule=paper`` or by giving ``tau_low`` / ``tau_high``
+  (``sara:tau_low=0.45`` is the paper's rule with its uniform prior).
+
+``prior`` picks where the prior comes from; unset, it is ``empirical`` for the optimal rule and ``constant`` (uniform)
+for the paper's. With a predictive sampler, ``sara.allocators.compose`` hands the sampler's per-prompt history to an
+allocator whose spec does not set ``prior`` (SARA + predictive selection in one switch).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -15,19 +30,27 @@ from sara.types import Decision
 
 __all__ = ["SARAAllocator", "SARAConfig"]
 
+PriorKind = Literal["constant", "empirical", "history"]
+
 
 class SARAConfig(SequentialConfig):
-    """SARA's thresholds (on top of the sequential template's options)."""
+    """SARA's stopping rule and prior (on top of the sequential template's options)."""
 
+    rule: Literal["optimal", "paper"] | None = None
+    """'optimal': abandon when finishing a prefix costs more rollouts per expected effective group than the step's
+    optimum under the fitted population (``sara.allocators.stopping``). 'paper': the thresholds ``tau_low`` /
+    ``tau_high``. None: 'paper' when ``tau_low`` or ``tau_high`` is given, else 'optimal'."""
     tau_low: float = Field(0.45, ge=0.0, le=1.0)
-    """ABANDON a unit whose p_eff falls below this. With the uniform prior at k=8, 0.45 abandons after 4 identical
-    outcomes; P(wrong abandon) <= tau_low under the prior."""
+    """Paper rule: ABANDON a unit whose p_eff falls below this. With the uniform prior at k=8, 0.45 abandons after 4
+    identical outcomes; P(wrong abandon) <= tau_low under the prior. Giving it selects the paper rule."""
     tau_high: float = Field(1.0, ge=0.0, le=1.0)
-    """COMMIT (stop probing, fill the group) once p_eff >= tau_high even before the prefix is mixed. 1.0 = never."""
-    prior: Literal["constant", "empirical", "history"] = "constant"
-    """Where p_eff's Beta prior comes from: 'constant' (alpha0, beta0), 'empirical' (Beta fitted online to the
-    population seen so far, marginal likelihood), 'history' (each prompt's own posterior from earlier steps, decayed
-    by ``decay`` per step, over an empirical-Bayes base). See ``sara.allocators.priors``."""
+    """Paper rule: COMMIT (stop probing, fill the group) once p_eff >= tau_high even before the prefix is mixed.
+    1.0 = never."""
+    prior: PriorKind | None = None
+    """Where the prior comes from: 'constant' (Beta(alpha0, beta0)), 'empirical' (fitted online to the population seen
+    so far: a grid mixture for the optimal rule, a Beta for the paper's), 'history' (each prompt's own posterior from
+    earlier steps, decayed by ``decay`` per step, over the empirical base). None: 'empirical' for the optimal rule,
+    'constant' for the paper's; with a predictive sampler, the sampler's history (``sara.allocators.compose``)."""
     decay: float = Field(0.7, gt=0.0, le=1.0)
     """History prior only: weight of evidence per step of age (lambda in MoPPS; 1 = never forget)."""
     max_evidence: float = Field(64.0, gt=0.0)
@@ -38,28 +61,88 @@ class SARAConfig(SequentialConfig):
     def _check_taus(self) -> SARAConfig:
         if self.tau_low > self.tau_high:
             raise ValueError(f"tau_low ({self.tau_low}) must be <= tau_high ({self.tau_high}); lower tau_low or raise tau_high")
+        if self.rule == "optimal" and {"tau_low", "tau_high"} & self.model_fields_set:
+            raise ValueError("tau_low / tau_high are the paper rule's thresholds; drop them or use rule=paper")
         return self
+
+    def resolved_rule(self, default: Literal["optimal", "paper"] = "optimal") -> Literal["optimal", "paper"]:
+        """The rule in force (see ``rule``); ``default`` when neither ``rule`` nor a threshold is given."""
+        if self.rule is not None:
+            return self.rule
+        return "paper" if {"tau_low", "tau_high"} & self.model_fields_set else default
+
+    def resolved_prior(self, rule: Literal["optimal", "paper"]) -> PriorKind:
+        """The prior in force under ``rule`` before any composition with a sampler (see ``prior``)."""
+        if self.prior is not None:
+            return self.prior
+        return "empirical" if rule == "optimal" else "constant"
 
 
 class SARAAllocator(SequentialAllocator):
-    """COMMIT a mixed prefix; ABANDON when p_eff < tau_low; COMMIT when p_eff >= tau_high; else CONTINUE."""
+    """COMMIT a mixed prefix; ABANDON by the optimal rule (default) or the paper's thresholds; else CONTINUE."""
 
     name = "sara"
     Config = SARAConfig
     config: SARAConfig
+    default_rule: ClassVar[Literal["optimal", "paper"]] = "optimal"
+    """The rule when the spec gives neither ``rule`` nor a threshold (subclasses with their own p_eff: 'paper')."""
+    borrows_history: ClassVar[bool] = True
+    """Whether ``compose`` may hand this allocator a sampler's per-prompt history."""
 
     def __init__(self, config: SARAConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
                  **overrides: Any) -> None:
         super().__init__(config, prior=prior, **overrides)
-        if prior is None and self.config.prior != "constant":
+        c = self.config
+        self.rule = c.resolved_rule(self.default_rule)
+        self.prior_kind: PriorKind = c.resolved_prior(self.rule)
+        if prior is not None:
+            return
+        if self.rule == "optimal":
+            from sara.allocators.priors import HistoryPrior
+            from sara.allocators.stopping import GridPrior
+
+            base = GridPrior(c.alpha0, c.beta0, fit=self.prior_kind != "constant")
+            self.prior = (HistoryPrior(c.decay, base, max_evidence=c.max_evidence) if self.prior_kind == "history"
+                          else base)
+        elif self.prior_kind != "constant":
             from sara.allocators.priors import make_prior
 
-            c = self.config
-            self.prior = make_prior(c.prior, alpha0=c.alpha0, beta0=c.beta0, decay=c.decay, max_evidence=c.max_evidence)
+            self.prior = make_prior(self.prior_kind, alpha0=c.alpha0, beta0=c.beta0, decay=c.decay,
+                                    max_evidence=c.max_evidence)
+
+    def borrow_history(self, history: Any) -> bool:
+        """Take per-prompt priors from ``history`` (a sampler's ``HistoryPrior``) unless the spec set ``prior``.
+
+        Called by ``sara.allocators.compose``; True when the allocator now reads the sampler's history.
+        """
+        if self.config.prior is not None or not self.borrows_history:
+            return False
+        from sara.allocators.priors import BorrowedHistory, EmpiricalBayesPrior
+        from sara.allocators.stopping import GridPrior
+
+        c = self.config
+        base = GridPrior(c.alpha0, c.beta0) if self.rule == "optimal" else EmpiricalBayesPrior(c.alpha0, c.beta0)
+        self.prior = BorrowedHistory(history, base)
+        self.prior_kind = "history"
+        return True
+
+    def drain(self, units: UnitView) -> np.ndarray:
+        """Optimal rule: finish the units in flight whose remaining rollouts buy effective groups below the optimum."""
+        if self.rule != "optimal":
+            return super().drain(units)
+        from sara.allocators.stopping import drain_decisions
+
+        return drain_decisions(getattr(self.prior, "base", self.prior), units)
 
     def decide(self, units: UnitView) -> np.ndarray:
+        if self.rule == "optimal":
+            from sara.allocators.priors import refresh_units
+            from sara.allocators.stopping import optimal_decisions
+
+            refresh_units(self.prior, units.table)
+            return optimal_decisions(getattr(self.prior, "base", self.prior), units)
         abandon = units.p_eff < self.config.tau_low
-        if self.config.prior != "constant":
+        if self.prior_kind != "constant":
             from sara.allocators.priors import prior_p_eff, refreshed_view
 
             units = refreshed_view(self, units)

@@ -108,6 +108,11 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
         """Decision codes ``[len(units.ids)]`` for undecided units whose prefix is not mixed. Default: continue."""
         return np.full(len(units.ids), Decision.CONTINUE, np.int8)
 
+    def drain(self, units: UnitView) -> np.ndarray:
+        """Once the target is covered: which probing units get all their remaining rollouts in the step's last round
+        (``[len(units.ids)]`` bool). Default: none (their rollouts are discarded at the step's end)."""
+        return np.zeros(len(units.ids), bool)
+
     # Template -------------------------------------------------------------------------------------------------
     def prior_params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
         return self.prior.params(pool_index)
@@ -139,12 +144,18 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
         u, k = self.units, self.k
         filling = np.flatnonzero(u.status == UnitStatus.FILLING)
         probing = np.flatnonzero(u.status == UnitStatus.PROBING)
-        if self._needed() == 0:
-            # The groups being filled complete the target: only fill them. Probing on would commit surplus groups
-            # that the step's end cuts short (partial groups that flatter rollouts per effective group).
-            probing = probing[:0]
         sched = np.asarray(self.config.probe, np.int64)
         want = sched[np.minimum(u.probes[probing], len(sched) - 1)]
+        if self._needed() == 0:
+            # The groups being filled complete the target, and the step ends when they do. Units still probing
+            # either get all their remaining rollouts in this last round (``drain``: complete groups, as DS would
+            # generate them) or none (their rollouts so far are discarded at the step's end). Probing them one more
+            # round would only yield partial groups that flatter rollouts per effective group.
+            if len(probing):
+                view = UnitView(ids=probing, n=u.n[probing], s=u.rsum[probing], k=k,
+                                p_eff=self.model.p_effective(u, probing, k), table=u)
+                keep = np.asarray(self.drain(view), bool)
+                probing, want = probing[keep], (k - u.n[probing])[keep]
         counts = np.concatenate([k - u.n[filling], np.minimum(want, k - u.n[probing])])
         ids = np.concatenate([filling, probing])
         keep = counts > 0

@@ -143,13 +143,14 @@ class TreeConfig(SARAConfig):
 
 class TreeSARAAllocator(SARAAllocator):
     """``sara_tree``: SARA's rule per tree on a correlation-aware p_eff, and a per-node choice of where each new leaf
-    grows (see the module docstring).
+    grows (see the module docstring). It keeps the paper's threshold rule (``default_rule``).
 
     Per-step node state: ``leaves[u, c]`` (leaves under branch node c of tree u),
     ``opened[u]`` (branch nodes opened). ``plan`` decides the node of every leaf it schedules; ``prefix`` sends those
     choices to a tree-aware environment; ``observe`` credits the delivered leaves to their nodes in plan order.
     """
 
+    default_rule = "paper"
     name = "sara_tree"
     Config = TreeConfig
     config: TreeConfig

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from sara.allocators import make_allocator, make_sampler
+from sara.allocators import compose, make_allocator, make_sampler
 from sara.allocators.samplers import PromptSampler
 from sara.bench.summary import group_ratios
 from sara.collect import WrongAbandons, collect
@@ -166,6 +166,7 @@ def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[Col
         sampler: PromptSampler = OracleSampler(env, cfg.k, seed=seed)
     else:
         sampler = make_sampler(sampler_spec, len(env.prompts), seed=seed, k=cfg.k)
+    allocator, sampler = compose(allocator, sampler)  # sara@predictive: SARA reads the sampler's history
     rng = np.random.default_rng([seed, 4242])
     visits = np.zeros(len(env.prompts), np.int64)
     stats = []

@@ -53,7 +53,7 @@ class Trainer:
         import torch
 
         from sara.algos import make_algo
-        from sara.allocators import make_allocator, make_sampler
+        from sara.allocators import compose, make_allocator, make_sampler
         from sara.backends import BACKENDS
         from sara.envs.base import SamplingConfig
         from sara.envs.task_env import TaskEnv
@@ -113,7 +113,7 @@ class Trainer:
             greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, stop=sampling.stop)
             self.greedy_env = TaskEnv(self.task, self.backend, greedy, split="eval", scorer=self.scorer)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
-        self.sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
+        self.allocator, self.sampler = compose(self.allocator, make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k))
         self.step = 0
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
