@@ -4,15 +4,18 @@ mid-stream (every tag back exactly once, same completions as a clean run), work 
 from __future__ import annotations
 
 import functools
-import re
 import os
+import re
 import sys
+import zlib
 
 import pytest
 
 from sara import SimulatedEnv
 from sara.backends.ray import RayEnvPool, RayRolloutPool, WorkerFailedError, streams_natively
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig, StreamingBackend, StreamingEnv
+from sara.testing import StreamingScriptedBackend
+from sara.testing.scripted import prompt_text
 from sara.types import RolloutRequest
 
 ray = pytest.importorskip("ray")
@@ -284,3 +287,71 @@ def test_tiny_backend_inside_actors_streams_the_same_completions(ray_cluster):
         c = got[t]
         assert (c.text, c.token_ids, c.seed, c.metadata["weights_version"]) == (want.text, want.token_ids, r.seeds[0], 0)
         assert c.logprobs == pytest.approx(want.logprobs, abs=1e-6)
+
+
+class MixedScripted(StreamingScriptedBackend):
+    """Arithmetic answers that are right for about a prompt-dependent share of seeds (mixed groups), streamed."""
+
+    def answer(self, request, seed):
+        a, op, b = re.findall(r"([0-9]+)([+-])([0-9]+)=", prompt_text(request))[-1]
+        value = int(a) + int(b) if op == "+" else int(a) - int(b)
+        right = zlib.crc32(f"{value}|{seed}".encode()) % 4 < 1 + value % 3
+        return f"{value if right else value + 1}\n"
+
+
+class KillDuringPoll:
+    """A ``StreamingEnv`` wrapper that ``ray.kill``s worker 1 of ``pool`` at the first poll after ``after`` polls at
+    which that worker holds rollouts."""
+
+    def __init__(self, env, pool, after: int = 4) -> None:
+        self.env, self.pool, self.after = env, pool, after
+        self.prompts = env.prompts
+        self.slots = env.slots
+        self.polls = 0
+        self.killed_holding = 0
+
+    def rollout(self, requests):
+        return self.env.rollout(requests)
+
+    def submit(self, items):
+        self.env.submit(items)
+
+    def poll(self, timeout=None):
+        self.polls += 1
+        held = self.pool.inflight_per_worker()[1]
+        if not self.killed_holding and self.polls > self.after and held:
+            ray.kill(self.pool.actors[1], no_restart=True)
+            self.killed_holding = held
+        return self.env.poll(timeout)
+
+    def abort(self, tags):
+        return self.env.abort(tags)
+
+
+def test_collect_stream_with_an_actor_killed_mid_stream_commits_the_clean_run_groups(ray_cluster):
+    from sara import UniformSampler, make_allocator
+    from sara.collect_stream import collect_stream
+    from sara.envs.task_env import TaskEnv
+
+    task = "sara/Arithmetic-v0:max_digits=2,pool_size=200,eval_size=0,seed=0"
+
+    def run(kill: bool):
+        # stream_order="tag": each poll hands out the oldest in-flight rollout, so the driver's view does not depend
+        # on timing, and a re-issued rollout (same tag, same seed) takes the place of the lost one
+        with RayRolloutPool(functools.partial(MixedScripted, 3), num_workers=2, stream_order="tag") as pool, \
+                TaskEnv(task, pool, scorer_mode="inline") as env:
+            driven = KillDuringPoll(env, pool) if kill else env
+            alloc, sampler = make_allocator("sara", k=4), UniformSampler(len(env.prompts), seed=1)
+            results = [collect_stream(alloc, driven, sampler, target_groups=6, seed=5) for _ in range(2)]
+            return results, pool.restarts, pool.stream_counts["reissued"], getattr(driven, "killed_holding", 0)
+
+    clean, restarts, reissued, _ = run(False)
+    assert restarts == [0, 0] and reissued == 0
+    killed, restarts, reissued, held = run(True)
+    # killed while holding rollouts; those, and any routed to it before its death was seen, were re-issued
+    assert restarts == [0, 1] and held >= 1 and reissued >= 1
+    for a, b in zip(clean, killed, strict=True):
+        assert len(a.groups) >= 6 and a.groups == b.groups  # the same committed groups, rollout for rollout
+        assert (a.abandoned, a.discarded) == (b.abandoned, b.discarded)
+        assert a.stats.rollouts == b.stats.rollouts and a.stats.aborted_rollouts == b.stats.aborted_rollouts
+    assert any(0 < sum(r.reward for r in g.rollouts) < g.size for res in clean for g in res.groups)

@@ -49,6 +49,11 @@ class RayPoolConfig(SaraModel):
     stream_slots: int = Field(16, ge=1)
     """Streaming over a backend / env that does not stream itself: requests per batch call on each actor (that actor's
     ``slots``). A backend that streams reports its own ``slots``."""
+    stream_order: str = Field("finish", pattern="^(finish|tag)$")
+    """Streaming: what one ``poll`` returns. ``finish``: every rollout finished so far, as soon as one is (lowest
+    latency; which rollouts arrive together depends on timing). ``tag``: only the oldest in-flight rollout (smallest
+    tag), once it finished: the driver then sees the same sequence whatever the timing, the number of workers or
+    failed actors (with per-seed backends: the same committed groups), at the cost of head-of-line waiting."""
     stream_poll_s: float = Field(0.1, gt=0)
     """Streaming: the longest one actor-side ``poll`` waits on an asynchronous engine before returning empty-handed, so
     queued submits / aborts / weight loads reach the actor (in-process engines ignore it)."""

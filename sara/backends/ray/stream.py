@@ -11,6 +11,9 @@ the abort reached its actor is not returned, and its tokens count as aborted).
 Faults: when an actor dies, hangs past ``call_timeout_s`` or raises, its in-flight rollouts are re-issued ONCE, with
 the same tag and request (same seed), to the least-loaded other actor, and the dead actor is replaced (``RayPool``'s
 restart policy). A rollout whose actor fails again after it was re-issued ends the run with ``WorkerFailedError``.
+
+Which rollouts one ``poll`` returns together depends on timing (``stream_order="finish"``); ``stream_order="tag"``
+hands out only the oldest in-flight rollout once it finished, so a driver sees the same sequence in every run.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class StreamingPool(RayPool):
 
     def inflight(self) -> int:
         """Rollouts submitted and neither returned by ``poll`` nor aborted."""
-        return len(self._items)
+        return len(self._items) + len(self._ready)
 
     def inflight_per_worker(self) -> list[int]:
         """Rollouts each worker holds (submitted to it, not yet returned, aborted or re-issued)."""
@@ -79,7 +82,7 @@ class StreamingPool(RayPool):
         for tag, request in items:
             if request.n != 1:
                 raise ValueError(f"Ray {self._kind}: submit takes one seed per item; tag {tag} has {request.n}")
-            if int(tag) in self._items or int(tag) in seen:
+            if int(tag) in self._items or int(tag) in seen or any(t == int(tag) for t, _ in self._ready):
                 raise ValueError(f"Ray {self._kind}: tag {tag} is already in flight")
             seen.add(int(tag))
         for tag, request in items:
@@ -165,16 +168,16 @@ class StreamingPool(RayPool):
 
     def poll(self, timeout: float | None = None) -> list[tuple[int, Any]]:
         """Wait until at least one rollout finished (at most ``timeout`` seconds; None = as long as it takes) and
-        return every finished ``(tag, completion)``. Empty when nothing is in flight or on timeout."""
+        return every finished ``(tag, completion)`` (``stream_order="tag"``: only the oldest in-flight rollout, once
+        it finished). Empty when nothing is in flight or on timeout."""
         self._check_open()
         ray = self._ray
         deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
         limit = self.config.call_timeout_s
         while True:
             self._flush()
-            if self._ready:
-                out, self._ready = self._ready, []
-                self.stream_counts["returned"] += len(out)
+            out = self._take_ready()
+            if out:
                 return out
             if not self._owner:
                 return []
@@ -191,11 +194,26 @@ class StreamingPool(RayPool):
                 ready += more
             for ref in ready:
                 self._collect(ref)
-            if self._ready:
-                continue
+            out = self._take_ready()
+            if out:
+                return out
             self._check_timeouts()
             if deadline is not None and time.monotonic() >= deadline:
                 return []
+
+    def _take_ready(self) -> list[tuple[int, Any]]:
+        """What ``poll`` hands out now: everything finished (``finish``), or the oldest in-flight rollout once it
+        finished (``tag``)."""
+        if not self._ready:
+            return []
+        if self.config.stream_order == "finish":
+            out, self._ready = self._ready, []
+        else:
+            head = min([t for t, _ in self._ready] + ([min(self._items)] if self._items else []))
+            out = [(t, c) for t, c in self._ready if t == head]
+            self._ready = [(t, c) for t, c in self._ready if t != head]
+        self.stream_counts["returned"] += len(out)
+        return out
 
     def abort(self, tags: Sequence[int]) -> int:
         """Cancel in-flight rollouts (unknown / finished tags are ignored); returns the tokens they had generated
