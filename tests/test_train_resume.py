@@ -146,3 +146,31 @@ def test_signal_writes_a_final_checkpoint_and_resume_matches(reference_run, tmp_
     assert res.returncode == 0, res.stderr
     assert f"(step {stopped_at})" in res.stdout
     assert deterministic_view(read_jsonl(out / "metrics.jsonl")) == deterministic_view(reference)
+
+
+@pytest.mark.slow
+def test_streaming_run_killed_then_resumed_matches_uninterrupted(tmp_path):
+    # The streaming driver aborts what is in flight at every step's end, so a checkpoint between steps carries all of
+    # its state: kill + resume logs the uninterrupted run's metrics (aborted rollouts and occupancy included).
+    env = {**os.environ, "SARA_CACHE_DIR": str(tmp_path / "cache")}
+    extra = ["--driver", "stream", "--set", "backend=tiny:slots=16", "--set", "allocator=sara_async:max_inflight=2",
+             "--set", "steps=5", "--set", "algo=grpo", "--set", "eval.every=2"]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run(_cmd(full, *extra), check=True, env=env, capture_output=True, timeout=600)
+    reference = read_jsonl(full / "metrics.jsonl")
+    assert [r["step"] for r in reference] == list(range(6))
+    assert sum(r["alloc/aborted_rollouts"] for r in reference[1:]) > 0 and reference[1]["alloc/mean_inflight"] > 0
+    proc = subprocess.Popen(_cmd(killed, *extra), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and latest_checkpoint(killed / "checkpoints") is None and proc.poll() is None:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert len(read_jsonl(killed / "metrics.jsonl")) < len(reference)
+    subprocess.run(_cmd(killed, *extra, "--resume"), check=True, env=env, capture_output=True, timeout=600)
+    assert deterministic_view(read_jsonl(killed / "metrics.jsonl")) == deterministic_view(reference)

@@ -29,6 +29,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-workers", type=int, metavar="N", help="Ray actors (with --ray; config: ray.num_workers)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="join this Ray cluster ('auto', 'ray://host:10001'; default: start a local one)")
+    p.add_argument("--driver", choices=("sync", "stream"),
+                   help="collection driver: synchronous rounds or streaming (docs/streaming.md; config: driver)")
     p.set_defaults(func=run)
 
 
@@ -42,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"out_dir={args.out}")
     if args.quiet:
         overrides.append("progress=false")
+    if args.driver:
+        overrides.append(f"driver={args.driver}")
     if args.ray:
         overrides.append("ray.enabled=true")
     if args.num_workers is not None:

@@ -93,8 +93,11 @@ class TaskEnv:
 
     @property
     def streams(self) -> bool:
-        """Whether the backend streams (``StreamingBackend``): then this env is a ``StreamingEnv``."""
-        return isinstance(self.backend, StreamingBackend)
+        """Whether the backend streams (``StreamingBackend``): then this env is a ``StreamingEnv``. A subclass that
+        changes ``rollout`` (``TreeTaskEnv``) streams only if it changes ``poll`` too."""
+        cls = type(self)
+        return isinstance(self.backend, StreamingBackend) and (cls.rollout is TaskEnv.rollout or
+                                                               cls.poll is not TaskEnv.poll)
 
     @property
     def slots(self) -> int:

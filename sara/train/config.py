@@ -101,6 +101,13 @@ class TrainConfig(SaraModel):
     """Generation cap (None = the task's suggestion)."""
     scorer: Literal["auto", "thread", "process", "inline"] = "auto"
     """How the verifier runs (see ``sara.envs.TaskEnv``)."""
+    driver: Literal["sync", "stream"] = "sync"
+    """Collection driver: 'sync' = ``sara.collect`` (synchronous batched rounds), 'stream' = ``sara.collect_stream``
+    (rollout by rollout on a streaming backend: tiny, hf, vllm; rollouts still in flight when a step ends are aborted
+    and counted, never carried over). Allocators without the streaming API (uniform, ds, sara_tree) run in rounds
+    over the stream. See docs/streaming.md."""
+    stream_slots: int | None = Field(None, ge=1)
+    """driver 'stream': rollouts kept in flight at most (None = the backend's ``slots``)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -56,11 +56,10 @@ class Trainer:
         from sara.allocators import compose, make_allocator, make_sampler
         from sara.backends import BACKENDS
         from sara.envs.base import SamplingConfig
-        from sara.envs.task_env import TaskEnv
         from sara.envs.tasks import make_task
         from sara.envs.tasks.scoring import BatchScorer
-        from sara.envs.tree import TreeTaskEnv
         from sara.policies import POLICIES
+        from sara.train.envs import make_envs
 
         cfg = config if isinstance(config, TrainConfig) else validate_config(TrainConfig, dict(config or {}),
                                                                               what="train config")
@@ -96,22 +95,8 @@ class Trainer:
         mode = cfg.scorer if cfg.scorer != "auto" else ("thread" if self.task.thread_safe else "process")
         self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
         self.allocator = make_allocator(cfg.allocator, k=cfg.k)
-        # Tree allocators that send node handles need the environment that turns them into partial traces (on a
-        # chat task, rendered to text by the backend's chat template so a trace can be appended).
-        if getattr(self.allocator.config, "node_prefix", False):
-            render = getattr(self.backend, "render_chat", None)
-            if self.task.chat and render is None:
-                raise ConfigError(f"train config: field 'allocator': {cfg.allocator!r} continues partial traces, and "
-                                  f"task {self.task.id!r} renders chat messages that backend {cfg.backend!r} cannot "
-                                  "turn into text; use the hf or vllm backend, or the task option chat=false")
-            self.env = TreeTaskEnv(self.task, self.backend, sampling, scorer=self.scorer, render_chat=render)
-        else:
-            self.env = TaskEnv(self.task, self.backend, sampling, scorer=self.scorer)
-        self.eval_env = self.greedy_env = None
-        if self.task.eval_prompts:
-            self.eval_env = TaskEnv(self.task, self.backend, sampling, split="eval", scorer=self.scorer)
-            greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, stop=sampling.stop)
-            self.greedy_env = TaskEnv(self.task, self.backend, greedy, split="eval", scorer=self.scorer)
+        self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
+                                                             self.allocator)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
         self.allocator, self.sampler = compose(self.allocator, make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k))
         self.step = 0
@@ -146,14 +131,18 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One step: collect -> advantages -> loss -> optimizer step(s) -> weight sync -> metrics."""
         from sara.collect import collect
+        from sara.collect_stream import collect_stream
 
         cfg, timer, learner = self.config, PhaseTimer(), self.learner
         with timer("step"):
-            # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds.
+            # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds
+            # (driver 'stream': rollout by rollout on a streaming backend, sara.collect_stream).
             with timer("collect"):
-                result = collect(self.allocator, self.env, self.sampler, target_groups=cfg.groups_per_step,
-                                 max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step,
-                                 observers=[self.verifier_health])
+                stream = {"max_inflight": cfg.stream_slots} if cfg.driver == "stream" else None
+                result = (collect_stream if stream else collect)(
+                    self.allocator, self.env, self.sampler, target_groups=cfg.groups_per_step,
+                    max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, observers=[self.verifier_health],
+                    **(stream or {}))
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
             # 2. Advantages: rollout-time log-probs (old, reference), values, then the algorithm's estimator.
             with timer("advantages"):

@@ -1,0 +1,72 @@
+"""Training with the streaming driver (``TrainConfig.driver = "stream"``): a step on the tiny backend counts aborted
+rollouts and occupancy, runs allocators without the streaming API exactly like
+the synchronous driver, and a run whose environment
+cannot stream is a ``ConfigError`` naming ``driver``. (Kill + resume of a streaming run: tests/test_train_resume.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from sara.backends import BACKENDS  # noqa: E402
+from sara.config import ConfigError, validate_config  # noqa: E402
+from sara.train import TrainConfig, Trainer  # noqa: E402
+
+
+def _cfg(tmp_path, **overrides) -> TrainConfig:
+    return TrainConfig(**{"task": "sara/Arithmetic-v0:max_digits=1,pool_size=60,eval_size=4", "k": 4,
+                          "groups_per_step": 3, "steps": 2, "eval": {"num_prompts": 2, "samples": 1, "greedy": False},
+                          "policy_options": {"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}},
+                          "threads": 1, "progress": False, "tensorboard": False, "out_dir": str(tmp_path),
+                          **overrides})
+
+
+def test_a_streaming_step_trains_and_reports_aborts_and_occupancy(tmp_path):
+    with Trainer(_cfg(tmp_path, driver="stream", stream_slots=8, allocator="sara_async:max_inflight=2",
+                      backend="tiny:slots=32")) as trainer:
+        m = trainer.train_step()
+    assert trainer.step == 1 and trainer.version == 1 and m["alloc/committed_groups"] >= 3
+    assert 0 < m["alloc/mean_inflight"] <= 8  # stream_slots caps what is in flight below the backend's 32 slots
+    assert m["alloc/aborted_rollouts"] >= 0 and m["alloc/rollouts"] > 0
+
+
+@pytest.mark.parametrize("allocator", ["ds", "uniform"])
+def test_stream_and_sync_drivers_train_the_same_way_on_allocators_in_rounds(tmp_path, allocator):
+    # An allocator without the streaming API runs in rounds over the stream: the very same step as 'sync'.
+    runs = {}
+    for driver in ("sync", "stream"):
+        with Trainer(_cfg(tmp_path / driver, driver=driver, allocator=allocator)) as trainer:
+            m = trainer.train_step()
+        runs[driver] = {k: m[k] for k in ("alloc/rollouts", "alloc/committed_groups", "alloc/tokens")}
+    assert runs["stream"] == runs["sync"]
+
+
+def _plain_tiny(policy, options=None, **kw):
+    from sara.backends.tiny import TinyBackend
+
+    class Plain:  # generates, cannot stream
+        def __init__(self) -> None:
+            self.inner = TinyBackend(policy, options)
+
+        def generate(self, requests, sampling):
+            return self.inner.generate(requests, sampling)
+
+        def update_weights(self, state_dict, version):
+            self.inner.update_weights(state_dict, version)
+
+        def close(self):
+            self.inner.close()
+
+    return Plain()
+
+
+def test_driver_stream_needs_a_streaming_environment(tmp_path):
+    BACKENDS.register("plain_tiny_for_tests", _plain_tiny, override=True)
+    with pytest.raises(ConfigError, match=r"field 'driver'.*cannot stream"):
+        Trainer(_cfg(tmp_path, driver="stream", backend="plain_tiny_for_tests"))
+    with pytest.raises(ConfigError, match=r"field 'driver'.*runs in rounds"):
+        Trainer(_cfg(tmp_path, driver="stream", allocator="sara_tree:node_prefix=true"))
+    with pytest.raises(ConfigError, match="driver"):
+        validate_config(TrainConfig, {"driver": "async"}, what="train config")
+    Trainer(_cfg(tmp_path, backend="plain_tiny_for_tests")).close()  # the synchronous driver is fine
