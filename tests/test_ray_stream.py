@@ -140,6 +140,24 @@ def _drain(pool, got=None) -> dict[int, Completion]:
     return got
 
 
+def test_micro_batch_stream_runs_one_batch_call_per_poll_and_detects_native_streams():
+    from sara.backends.ray import MicroBatchStream
+    from sara.envs.task_env import TaskEnv
+
+    other = SamplingConfig(max_new_tokens=4)
+    stream = MicroBatchStream(SeededBackend(), slots=2)
+    stream.submit(_items(3), SAMPLING)
+    stream.submit(_items(2, start=3), other)
+    assert stream.abort([4, 99]) == 0 and stream.inflight() == 4
+    polls = [stream.poll() for _ in range(4)]
+    assert [[t for t, _ in p] for p in polls] == [[0, 1], [2], [3], []]  # oldest first, one sampling per call
+    assert polls[0][1][1] == SeededBackend().generate([_items(2)[1][1]], SAMPLING)[0][0]
+    task = "sara/Arithmetic-v0:max_digits=1,pool_size=20,eval_size=0,seed=0"
+    assert streams_natively(TickBackend()) and not streams_natively(SeededBackend())
+    assert streams_natively(TaskEnv(task, MixedScripted(), scorer_mode="inline"))
+    assert not streams_natively(TaskEnv(task, SeededBackend(), scorer_mode="inline"))  # opts out: streams False
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

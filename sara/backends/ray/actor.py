@@ -49,8 +49,8 @@ def build_object(factory: Factory) -> Any:
 
 def streams_natively(obj: Any) -> bool:
     """Whether ``obj`` has the streaming members (``slots``, ``submit``, ``poll``, ``abort``) of ``StreamingBackend``
-    / ``StreamingEnv``."""
-    return all(hasattr(obj, n) for n in _STREAM_MEMBERS)
+    / ``StreamingEnv`` and does not opt out (``streams = False``; a ``TaskEnv`` on a batch-only backend)."""
+    return all(hasattr(obj, n) for n in _STREAM_MEMBERS) and bool(getattr(obj, "streams", True))
 
 
 class MicroBatchStream:
