@@ -233,6 +233,18 @@ def test_abort_returns_generated_tokens_including_rollouts_finished_before_the_a
         assert (m["ray/stream_aborted"], m["ray/stream_aborted_tokens"]) == (2, 2 * steps)
 
 
+def test_tag_order_hands_out_the_oldest_rollout_and_abort_drops_finished_ones_not_handed_out(ray_cluster):
+    # lengths 1 + (7 * seed) % 16: tag 0 needs 15 tokens, tag 1 needs 4, tag 2 needs 11 (all decode at once)
+    items = [(t, GenerationRequest(prompt="q", seeds=(s,))) for t, s in enumerate((2, 5, 6))]
+    with RayRolloutPool(functools.partial(TickBackend, 4), num_workers=1, stream_order="tag") as pool:
+        pool.submit(items, SAMPLING)
+        assert [t for t, _ in pool.poll()] == [0]  # tags 1 and 2 finished first but wait behind the oldest
+        assert pool.inflight() == 2 and pool.abort([1]) == 4  # finished, not handed out: dropped, tokens counted
+        pool.submit(items[1:2], SAMPLING)  # the tag is free again
+        assert [t for t, _ in pool.poll()] == [1] and [t for t, _ in pool.poll()] == [2]
+        assert pool.poll() == [] and pool.inflight() == 0
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_actor_killed_mid_stream_every_tag_once_and_same_completions(ray_cluster, native):
     factory = functools.partial(TickBackend, 4) if native else SeededBackend

@@ -219,12 +219,13 @@ class StreamingPool(RayPool):
         """Cancel in-flight rollouts (unknown / finished tags are ignored); returns the tokens they had generated
         (those of a rollout lost with a dead actor are unknown and not counted)."""
         self._check_open()
-        drop = {int(t) for t in tags if int(t) in self._items}
+        finished = {t for t, _ in self._ready}  # finished, not handed out yet (stream_order="tag", or after an abort)
+        drop = {int(t) for t in tags if int(t) in self._items or int(t) in finished}
         if not drop:
             return 0
         ray = self._ray
         for t in drop:
-            del self._items[t]
+            self._items.pop(t, None)
             self._reissued.discard(t)
         tokens = sum(int(c.num_tokens) for t, c in self._ready if t in drop)
         self._ready = [(t, c) for t, c in self._ready if t not in drop]
