@@ -22,6 +22,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "sara/GSM8K-v0": {"eval_size": 2},
     "sara/MATH-v0": {"eval_size": 4},
     "sara/AIME-v0": {"eval_size": 2},
+    "sara/Mixture-v0": {"pool_size": 40, "eval_size": 8},
 }
 REFERENCE: dict[str, Callable[[Prompt], str]] = {
     "sara/Arithmetic-v0": lambda p: f"{p.answer['answer']}\n",
@@ -29,6 +30,7 @@ REFERENCE: dict[str, Callable[[Prompt], str]] = {
     "sara/GSM8K-v0": lambda p: str(p.metadata["solution"]),
     "sara/MATH-v0": lambda p: f"We find the answer is $\\boxed{{{p.answer['answer']}}}$.",
     "sara/AIME-v0": lambda p: f"Therefore the answer is \\boxed{{{p.answer['answer']}}}.",
+    "sara/Mixture-v0": lambda p: f"{p.answer['answer']}\n",  # the default mixture: arithmetic components
 }
 BUILTIN = sorted(SMALL)
 

@@ -87,3 +87,4 @@ register_task("sara/Countdown-v0", "sara.envs.tasks.countdown:make_countdown_tas
 register_task("sara/GSM8K-v0", "sara.envs.tasks.gsm8k:make_gsm8k_task")
 register_task("sara/MATH-v0", "sara.envs.tasks.math:make_math_task")
 register_task("sara/AIME-v0", "sara.envs.tasks.math:make_aime_task")
+register_task("sara/Mixture-v0", "sara.envs.tasks.mixture:make_mixture_task")
