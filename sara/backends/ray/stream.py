@@ -53,10 +53,14 @@ class StreamingPool(RayPool):
         """Streaming counters: rollouts submitted / returned / aborted / re-issued, tokens of aborted rollouts."""
 
     def _stream_start(self) -> None:
-        """Read every actor's capacity (``slots``) once the actors run."""
+        """Read every actor's capacity (``slots``) once the actors run (closes the pool if that fails)."""
         ray = self._ray
-        infos = [self._guard(w, "starting", lambda w=w: ray.get(self.actors[w].info.remote()))
-                 for w in range(self.num_workers)]
+        try:
+            infos = [self._guard(w, "starting", lambda w=w: ray.get(self.actors[w].info.remote()))
+                     for w in range(self.num_workers)]
+        except BaseException:
+            self.close()
+            raise
         self._caps = [int(i["slots"]) for i in infos]
         self._load = [0] * self.num_workers
         self.native_stream = all(i["native_stream"] for i in infos)
@@ -78,11 +82,11 @@ class StreamingPool(RayPool):
     def _stream_submit(self, items: Sequence[tuple[int, Any]], extra: tuple[Any, ...]) -> None:
         self._check_open()
         items = list(items)
-        seen: set[int] = set()
+        seen: set[int] = {t for t, _ in self._ready}
         for tag, request in items:
             if request.n != 1:
                 raise ValueError(f"Ray {self._kind}: submit takes one seed per item; tag {tag} has {request.n}")
-            if int(tag) in self._items or int(tag) in seen or any(t == int(tag) for t, _ in self._ready):
+            if int(tag) in self._items or int(tag) in seen:
                 raise ValueError(f"Ray {self._kind}: tag {tag} is already in flight")
             seen.add(int(tag))
         for tag, request in items:
