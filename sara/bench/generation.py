@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ DEFAULT_TASKS = {
     "hf": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=20",
     "vllm": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=20",
 }
+SLOT_OPTIONS = {"tiny": "slots", "hf": "stream_slots", "vllm": "stream_slots"}
+"""The backend option ``--slots`` sets (the engine's concurrent completions when streaming)."""
 
 
 class GenerationBenchConfig(SaraModel):
@@ -66,7 +69,8 @@ class GenerationBenchConfig(SaraModel):
     seed: int = Field(0, ge=0)
     """Seed of the prompt sampler, the rollouts and the tiny policy's warm start."""
     slots: int | None = Field(None, ge=1)
-    """Rollouts the streaming driver keeps in flight (``max_inflight``; None = the engine's ``slots``)."""
+    """Streaming: the engine's concurrent completions (``SLOT_OPTIONS[backend]``, unless the backend spec sets it)
+    and the rollouts the driver keeps in flight (``max_inflight``). None = the engine's default."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Generation cap (None = the task's suggestion)."""
     sampler: str = "uniform"
@@ -141,6 +145,10 @@ def _build(cfg: GenerationBenchConfig) -> tuple[Any, Any, str]:
     name, options = parse_spec(cfg.backend)
     task_spec = cfg.task or DEFAULT_TASKS[name]
     task = make_task(task_spec)
+    if cfg.slots is not None:
+        options.setdefault(SLOT_OPTIONS[name], cfg.slots)
+    if name == "vllm" and any(split_driver(s)[1] == "stream" for s in cfg.allocators):
+        options.setdefault("engine", "async")  # the streaming engine (AsyncLLM); sync specs use its generate
     if name == "tiny":
         from sara.policies import POLICIES
 
@@ -183,13 +191,17 @@ def _full_batch(backend: Any, env: Any, result: Any) -> tuple[int, float]:
 
 
 def _reset_cache(backend: Any) -> None:
-    """Drop an engine's prefix cache, so no measurement reuses KV computed by an earlier one (vLLM)."""
-    llm = getattr(backend, "llm", None)
-    if llm is not None and hasattr(llm, "reset_prefix_cache"):
-        llm.reset_prefix_cache()
+    """Drop an offline vLLM engine's prefix cache, so no measurement reuses KV blocks computed by an earlier one (the
+    async engine's reset is a coroutine on its own loop: skipped; see docs/backends.md)."""
+    import inspect
+
+    fn = getattr(getattr(backend, "llm", None), "reset_prefix_cache", None)
+    if fn is not None and not inspect.iscoroutinefunction(fn):
+        fn()
 
 
-def _run_one(cfg: GenerationBenchConfig, spec: str, driver: str, backend: Any, env: Any) -> dict[str, Any]:
+def _run_one(cfg: GenerationBenchConfig, spec: str, driver: str, backend: Any, env: Any,
+             log: Callable[[str], None] | None) -> dict[str, Any]:
     from sara.allocators import make_allocator, make_sampler
     from sara.collect import collect
 
@@ -223,6 +235,10 @@ def _run_one(cfg: GenerationBenchConfig, spec: str, driver: str, backend: Any, e
         tok, sec = _full_batch(backend, env, res)
         acc["full_tokens"] += tok
         acc["full_seconds"] += sec
+        if log is not None:
+            log(f"{spec} ({driver}) step {step + 1}/{cfg.steps}: {st.rollouts} rollouts, {st.effective_groups} "
+                f"effective groups, {st.tokens + aborted_tokens} tokens in {wall:.1f} s; full batch {tok} tokens in "
+                f"{sec:.1f} s")
     m1 = env.metrics()
     if driver == "stream":
         mean_inflight = acc["inflight_weighted"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
@@ -260,7 +276,7 @@ def _ratios_vs_ds(results: list[dict[str, Any]]) -> None:
 
 
 def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, backend: Any = None,
-                         task: Any = None) -> dict[str, Any]:
+                         task: Any = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every allocator spec on one backend and return the JSON report (see the module docstring).
 
     Args:
@@ -268,6 +284,7 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
         backend: Use this ``GenerationBackend`` instead of building ``config.backend`` (its caller closes it); needs
             ``task``.
         task: The ``Task`` that goes with ``backend``.
+        log: Called with one progress line per allocator step (e.g. ``print``).
 
     Raises:
         ConfigError: invalid fields; a ``+stream`` spec on a backend that cannot stream.
@@ -289,7 +306,7 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
         with TaskEnv(task, backend, sampling) as env:
             _check_streaming(cfg, backend, env)
             backend.generate([_warm_request(env)], sampling)  # warm-up (first-call set-up, not measured)
-            results = [_run_one(cfg, spec, driver, backend, env)
+            results = [_run_one(cfg, spec, driver, backend, env, log)
                        for spec, driver in (split_driver(s) for s in cfg.allocators)]
     finally:
         if owned:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from sara.config import validate_config
@@ -121,7 +122,8 @@ def _generation(args: argparse.Namespace) -> int:
     cfg = validate_config(GenerationBenchConfig, dict(
         backend=args.backend, allocators=specs, task=args.task, groups=args.groups, k=args.k, steps=args.steps,
         seed=args.seed, slots=args.slots, max_new_tokens=args.max_new_tokens), what="bench generation")
-    report = run_generation_bench(cfg)
+    report = run_generation_bench(cfg, log=lambda line: print(f"[bench generation] {line}", file=sys.stderr,
+                                                               flush=True))
     print(format_table(report))
     if args.json_out:
         print(f"\nJSON: {write_json(report, args.json_out)}")
