@@ -22,7 +22,9 @@ def test_every_registered_allocator_conforms(name):
 
 
 @pytest.mark.parametrize("spec", ["sara:probe=2/1", "sara:completion=as_is", "sara:oversample=1",
-                                  "sara:tau_high=0.7,tau_low=0.3", "ds:gen_batch_prompts=16,max_gen_batches=3"])
+                                  "sara:tau_high=0.7,tau_low=0.3", "sara:rule=paper,prior=history",
+                                  "sara:prior=history", "sara:prior=constant,alpha0=0.3,beta0=0.3",
+                                  "ds:gen_batch_prompts=16,max_gen_batches=3"])
 def test_variants_conform(spec):
     check_allocator(make_allocator(spec, k=6), target_groups=24, steps=2, seeds=(1,))
 

@@ -43,7 +43,6 @@ class AsyncSARAAllocator(SARAAllocator):
     streaming drivers (the streaming API itself is the template's, ``sara.allocators.streaming``)."""
 
     name = "sara_async"
-    default_rule = "paper"
     Config = AsyncConfig
     config: AsyncConfig
 

@@ -53,6 +53,13 @@ class SARAConfig(SequentialConfig):
     'constant' for the paper's; with a predictive sampler, the sampler's history (``sara.allocators.compose``)."""
     decay: float = Field(0.7, gt=0.0, le=1.0)
     """History prior only: weight of evidence per step of age (lambda in MoPPS; 1 = never forget)."""
+    audit: float = Field(0.125, ge=0.0, le=1.0)
+    """Optimal rule: share of units never abandoned (chosen by a hash of step and prompt, seeded by ``audit_seed``).
+    Their complete groups keep the population fit identifiable: from prefixes cut after one failure alone, p = 0
+    and p = 0.1 look alike, the fit drifts toward the latter and the rule swings between abandoning everything and
+    nothing from step to step. They are ordinary groups otherwise (DS's cost)."""
+    audit_seed: int = Field(0, ge=0)
+    """Seed of the audit draw."""
     max_evidence: float = Field(64.0, gt=0.0)
     """History prior only: cap on a prompt's decayed pseudo-count, so stale evidence cannot outweigh what the running
     step sees when the policy has moved (lower under fast drift)."""
@@ -138,9 +145,15 @@ class SARAAllocator(SequentialAllocator):
         if self.rule == "optimal":
             from sara.allocators.priors import refresh_units
             from sara.allocators.stopping import optimal_decisions
+            from sara.seeding import derive_seeds, uniform_from_seeds
 
             refresh_units(self.prior, units.table)
-            return optimal_decisions(getattr(self.prior, "base", self.prior), units)
+            out = optimal_decisions(getattr(self.prior, "base", self.prior), units)
+            if self.config.audit > 0:
+                pool = units.table.pool_index[units.ids]
+                audit = uniform_from_seeds(derive_seeds(self.config.audit_seed, self.step, pool)) < self.config.audit
+                out[audit & (out == Decision.ABANDON)] = Decision.CONTINUE
+            return out
         abandon = units.p_eff < self.config.tau_low
         if self.prior_kind != "constant":
             from sara.allocators.priors import prior_p_eff, refreshed_view

@@ -113,6 +113,15 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
         (``[len(units.ids)]`` bool). Default: none (their rollouts are discarded at the step's end)."""
         return np.zeros(len(units.ids), bool)
 
+    def _drained(self, probing: np.ndarray) -> np.ndarray:
+        """``drain`` over the probing units ``probing`` (bool mask; empty in, empty out)."""
+        if not len(probing):
+            return np.zeros(0, bool)
+        u = self.units
+        view = UnitView(ids=probing, n=u.n[probing], s=u.rsum[probing], k=self.k,
+                        p_eff=self.model.p_effective(u, probing, self.k), table=u)
+        return np.asarray(self.drain(view), bool)
+
     # Template -------------------------------------------------------------------------------------------------
     def prior_params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
         return self.prior.params(pool_index)
@@ -151,11 +160,8 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
             # either get all their remaining rollouts in this last round (``drain``: complete groups, as DS would
             # generate them) or none (their rollouts so far are discarded at the step's end). Probing them one more
             # round would only yield partial groups that flatter rollouts per effective group.
-            if len(probing):
-                view = UnitView(ids=probing, n=u.n[probing], s=u.rsum[probing], k=k,
-                                p_eff=self.model.p_effective(u, probing, k), table=u)
-                keep = np.asarray(self.drain(view), bool)
-                probing, want = probing[keep], (k - u.n[probing])[keep]
+            keep = self._drained(probing)
+            probing, want = probing[keep], (k - u.n[probing])[keep]
         counts = np.concatenate([k - u.n[filling], np.minimum(want, k - u.n[probing])])
         ids = np.concatenate([filling, probing])
         keep = counts > 0

@@ -7,7 +7,8 @@
 * ``dispatch(free)``: unit ids (with repeats) for the next ``free`` generation slots: filling units first (up to
   ``k - n`` rollouts in flight), then probing units up to their in-flight limit (``probe_inflight``: the template's
   probe-schedule entry, so ``probe=1`` decides after every single rollout). Once the units committed or being filled
-  cover the target, nothing is probed any more (as ``plan``). Marks them in flight.
+  cover the target, only the units the rule drains (``drain``) get their remaining rollouts (as ``plan``). Marks them
+  in flight.
 * ``wants_slots(idle)``: fresh prompts to admit when ``dispatch`` found no work for ``idle`` slots (the template's
   admission rule, ``wants_prompts``, capped at ``idle``; 0 once no group is needed).
 * ``finished(unit_ids, rewards)``: fold finished rollouts in and decide at once (the template's ``observe``).
@@ -71,9 +72,13 @@ class StreamingMixin:
         fill = np.flatnonzero(u.status == UnitStatus.FILLING)
         fill_need = np.maximum(k - u.n[fill] - self._inflight[fill], 0)
         probe = np.flatnonzero(u.status == UnitStatus.PROBING)
+        limit = self.probe_inflight(probe)
         if self._needed() == 0:  # type: ignore[attr-defined]
-            probe = probe[:0]  # the groups being filled complete the target (as ``plan``)
-        probe_need = np.maximum(np.minimum(self.probe_inflight(probe), k - u.n[probe]) - self._inflight[probe], 0)
+            # The groups being filled complete the target: only units the rule drains get their remaining rollouts
+            # (as ``plan``); the rest is no longer probed.
+            probe = probe[self._drained(probe)]  # type: ignore[attr-defined]
+            limit = k - u.n[probe]
+        probe_need = np.maximum(np.minimum(limit, k - u.n[probe]) - self._inflight[probe], 0)
         ids = np.concatenate([np.repeat(fill, fill_need), np.repeat(probe, probe_need)])[:free]
         np.add.at(self._inflight, ids, 1)
         return ids
