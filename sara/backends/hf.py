@@ -13,6 +13,9 @@ depend on which other rows share the batch or the round. (The logits themselves 
 batch shape — bf16 matmul blocking — so equal seeds give equal completions in practice, not bit-for-bit guarantees
 across different batch compositions; the same call repeated is exactly reproducible.)
 
+Streaming (``submit`` / ``poll`` / ``abort``, the ``StreamingBackend`` protocol): a slot-refill decode loop in
+``sara.backends.hf_stream`` that draws every token as ``generate`` does (same completion for the same prompt and seed).
+
 Log-probs: ``Completion.logprobs[i]`` is log p(token_i | prefix) under the model's own distribution (temperature 1, no
 top-p truncation, computed in float32 from the generating weights), the same convention as vLLM's default
 ``raw_logprobs``. A policy recomputing log-probs of the same tokens agrees up to dtype/batching noise.
