@@ -166,4 +166,4 @@ def test_weights_update_mid_stream_is_reported(backend):
 
 def test_check_backend_passes(backend):
     report = check_backend(backend, state_dict=_state(backend), prompts=PROMPTS[:2], max_new_tokens=6)
-    assert report["seeded"] is True
+    assert report["seeded"] is True and report["streamed"] == 4  # the streaming protocol checks ran

@@ -53,7 +53,7 @@ def test_conformance_generate(engine, policy):
     assert isinstance(engine, VLLMAsyncBackend) and isinstance(engine, StreamingBackend) and engine.slots == 4
     report = check_backend(engine, state_dict=policy.state_dict(), prompts=PROMPTS, max_new_tokens=6)
     assert report["completions"] == 6 and engine.version == report["versions"][-1]
-    assert report["seeded"] is (not engine.is_cpu)
+    assert report["seeded"] is (not engine.is_cpu) and report["streamed"] == 4  # streaming checks ran
 
 
 def test_stream_tags_caps_order_and_logprobs(engine, policy):
