@@ -261,9 +261,10 @@ class StreamingPool(RayPool):
         if not hasattr(self, "_owner"):
             return
         ref = self._poll_of.pop(w, None)
+        dropped = list(self._submits.pop(w, []))
         if ref is not None:
-            self._polls.pop(ref, None)
-        self._submits.pop(w, None)
+            dropped += [ref, *self._polls.pop(ref, (0, 0.0, []))[2]]
+        _discard(self._ray, dropped)
         held = sorted(t for t, o in self._owner.items() if o == w)
         self._release(held)
         lost = [t for t in held if t in self._items]
@@ -285,3 +286,14 @@ class StreamingPool(RayPool):
         out.update({f"ray/stream_{k}": float(v) for k, v in self.stream_counts.items()})
         return out
 
+
+def _discard(ray: Any, refs: list[Any]) -> None:
+    """Read the finished ones of a failed worker's dropped calls, so Ray does not log their errors as unhandled."""
+    if not refs:
+        return
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for r in done:
+        try:
+            ray.get(r)
+        except Exception:  # noqa: BLE001 - the worker failed; its calls' errors are expected
+            pass
