@@ -5,7 +5,8 @@ fixed, no training), with the same task prompts, prompt sampler seed and rollout
 ``sara.collect.collect`` (synchronous rounds) or, with the ``+stream`` suffix, by ``sara.collect_stream`` (per-rollout
 decisions on a continuously batched engine). After each step, the step's delivered rollouts (same prompts, same seeds,
 same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's full-batch throughput on the same
-work, measured in the same run.
+work, measured in the same run. Allocators are interleaved step by step (step 0 of every spec, then step 1, ...), so
+load that drifts during the run slows all of them alike.
 
 Per allocator (``results[i]`` of the JSON report):
 
@@ -200,69 +201,82 @@ def _reset_cache(backend: Any) -> None:
         fn()
 
 
-def _run_one(cfg: GenerationBenchConfig, spec: str, driver: str, backend: Any, env: Any,
-             log: Callable[[str], None] | None) -> dict[str, Any]:
-    from sara.allocators import make_allocator, make_sampler
-    from sara.collect import collect
+class _Run:
+    """One allocator spec's steps and running totals (runs are interleaved step by step, so a machine whose load
+    drifts during the benchmark slows every allocator alike)."""
 
-    allocator = make_allocator(spec, k=cfg.k)
-    sampler = make_sampler(cfg.sampler, len(env.prompts), seed=cfg.seed, k=allocator.k)
-    rec = _Recorder(env)
-    m0 = env.metrics()
-    acc = dict(tokens=0, rollouts=0, effective_groups=0, aborted_rollouts=0, aborted_tokens=0, wall_seconds=0.0,
-               full_tokens=0, full_seconds=0.0, inflight_weighted=0.0)
-    for step in range(cfg.steps):
+    def __init__(self, cfg: GenerationBenchConfig, spec: str, driver: str, env: Any) -> None:
+        from sara.allocators import make_allocator, make_sampler
+
+        self.cfg, self.spec, self.driver = cfg, spec, driver
+        self.allocator = make_allocator(spec, k=cfg.k)
+        self.sampler = make_sampler(cfg.sampler, len(env.prompts), seed=cfg.seed, k=self.allocator.k)
+        self.rec = _Recorder(env)
+        self.acc = dict(tokens=0, rollouts=0, effective_groups=0, aborted_rollouts=0, aborted_tokens=0,
+                        wall_seconds=0.0, full_tokens=0, full_seconds=0.0, inflight_weighted=0.0,
+                        generate_seconds=0.0, score_seconds=0.0)
+
+    def step(self, step: int, backend: Any, env: Any, log: Callable[[str], None] | None) -> None:
+        """One timed collection step, then its rollouts as one full batch."""
+        from sara.collect import collect
+
+        cfg, acc = self.cfg, self.acc
         _reset_cache(backend)
+        m0 = env.metrics()
         t0 = time.perf_counter()
-        if driver == "stream":
+        if self.driver == "stream":
             from sara.collect_stream import collect_stream
 
-            res = collect_stream(allocator, env, sampler, target_groups=cfg.groups, max_inflight=cfg.slots,
+            res = collect_stream(self.allocator, env, self.sampler, target_groups=cfg.groups, max_inflight=cfg.slots,
                                  seed=cfg.seed, step=step)
         else:
-            res = collect(allocator, rec, sampler, target_groups=cfg.groups, seed=cfg.seed, step=step)
+            res = collect(self.allocator, self.rec, self.sampler, target_groups=cfg.groups, seed=cfg.seed, step=step)
         wall = time.perf_counter() - t0
+        m1 = env.metrics()
         st = res.stats
-        aborted_tokens = int(getattr(st, "aborted_tokens", 0) or 0)
         acc["wall_seconds"] += wall
-        acc["tokens"] += st.tokens + aborted_tokens
+        acc["tokens"] += st.tokens + st.aborted_tokens
         acc["rollouts"] += st.rollouts
         acc["effective_groups"] += st.effective_groups
-        acc["aborted_rollouts"] += int(getattr(st, "aborted_rollouts", 0) or 0)
-        acc["aborted_tokens"] += aborted_tokens
-        acc["inflight_weighted"] += float(getattr(st, "mean_inflight", 0.0) or 0.0) * wall
+        acc["aborted_rollouts"] += st.aborted_rollouts
+        acc["aborted_tokens"] += st.aborted_tokens
+        acc["inflight_weighted"] += st.mean_inflight * wall
+        acc["generate_seconds"] += m1["env/generate_seconds"] - m0["env/generate_seconds"]
+        acc["score_seconds"] += m1["env/score_seconds"] - m0["env/score_seconds"]
         _reset_cache(backend)
         tok, sec = _full_batch(backend, env, res)
         acc["full_tokens"] += tok
         acc["full_seconds"] += sec
         if log is not None:
-            log(f"{spec} ({driver}) step {step + 1}/{cfg.steps}: {st.rollouts} rollouts, {st.effective_groups} "
-                f"effective groups, {st.tokens + aborted_tokens} tokens in {wall:.1f} s; full batch {tok} tokens in "
-                f"{sec:.1f} s")
-    m1 = env.metrics()
-    if driver == "stream":
-        mean_inflight = acc["inflight_weighted"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
-    else:
-        mean_inflight = rec.tokens / rec.decode_steps if rec.decode_steps else 0.0
-    eff = acc["effective_groups"]
-    tps = acc["tokens"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
-    full_tps = acc["full_tokens"] / acc["full_seconds"] if acc["full_seconds"] else 0.0
-    return {
-        "allocator": spec, "driver": driver,
-        "tokens_per_second": tps, "full_batch_tokens_per_second": full_tps,
-        "throughput_ratio": tps / full_tps if full_tps else None,
-        "seconds_per_effective_group": acc["wall_seconds"] / eff if eff else None,
-        "wall_ratio_vs_ds": None,
-        "rollouts_per_effective_group": acc["rollouts"] / eff if eff else None,
-        "ratio_vs_ds": None,
-        "mean_inflight": mean_inflight,
-        "aborted_rollouts": acc["aborted_rollouts"], "aborted_tokens": acc["aborted_tokens"],
-        "tokens": acc["tokens"], "rollouts": acc["rollouts"], "effective_groups": eff,
-        "wall_seconds": acc["wall_seconds"],
-        "generate_seconds": m1["env/generate_seconds"] - m0["env/generate_seconds"],
-        "score_seconds": m1["env/score_seconds"] - m0["env/score_seconds"],
-        "full_batch_tokens": acc["full_tokens"], "full_batch_seconds": acc["full_seconds"],
-    }
+            log(f"{self.spec} ({self.driver}) step {step + 1}/{cfg.steps}: {st.rollouts} rollouts, "
+                f"{st.effective_groups} effective groups, {st.tokens + st.aborted_tokens} tokens in {wall:.1f} s; "
+                f"full batch {tok} tokens in {sec:.1f} s")
+
+    def result(self) -> dict[str, Any]:
+        """This allocator's entry of the report (the ratios to DS are filled in by ``_ratios_vs_ds``)."""
+        acc, rec = self.acc, self.rec
+        if self.driver == "stream":
+            mean_inflight = acc["inflight_weighted"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
+        else:
+            mean_inflight = rec.tokens / rec.decode_steps if rec.decode_steps else 0.0
+        eff = acc["effective_groups"]
+        tps = acc["tokens"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
+        full_tps = acc["full_tokens"] / acc["full_seconds"] if acc["full_seconds"] else 0.0
+        return {
+            "allocator": self.spec, "driver": self.driver,
+            "tokens_per_second": tps, "full_batch_tokens_per_second": full_tps,
+            "throughput_ratio": tps / full_tps if full_tps else None,
+            "seconds_per_effective_group": acc["wall_seconds"] / eff if eff else None,
+            "wall_ratio_vs_ds": None,
+            "rollouts_per_effective_group": acc["rollouts"] / eff if eff else None,
+            "ratio_vs_ds": None,
+            "mean_inflight": mean_inflight,
+            "aborted_rollouts": acc["aborted_rollouts"], "aborted_tokens": acc["aborted_tokens"],
+            "tokens": acc["tokens"], "rollouts": acc["rollouts"], "effective_groups": eff,
+            "wall_seconds": acc["wall_seconds"],
+            "generate_seconds": acc["generate_seconds"], "score_seconds": acc["score_seconds"],
+            "full_batch_tokens": acc["full_tokens"], "full_batch_seconds": acc["full_seconds"],
+        }
 
 
 def _ratios_vs_ds(results: list[dict[str, Any]]) -> None:
@@ -306,8 +320,11 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
         with TaskEnv(task, backend, sampling) as env:
             _check_streaming(cfg, backend, env)
             backend.generate([_warm_request(env)], sampling)  # warm-up (first-call set-up, not measured)
-            results = [_run_one(cfg, spec, driver, backend, env, log)
-                       for spec, driver in (split_driver(s) for s in cfg.allocators)]
+            runs = [_Run(cfg, spec, driver, env) for spec, driver in (split_driver(s) for s in cfg.allocators)]
+            for step in range(cfg.steps):
+                for run in runs:
+                    run.step(step, backend, env, log)
+            results = [run.result() for run in runs]
     finally:
         if owned:
             backend.close()
