@@ -12,7 +12,7 @@ from sara.train import TrainConfig, apply_overrides, load_config
 def test_defaults_are_the_embedded_run():
     cfg = TrainConfig()
     assert (cfg.algo, cfg.allocator, cfg.policy, cfg.backend) == ("grpo", "sara", "tiny", "tiny")
-    assert cfg.task.startswith("sara/Arithmetic-v0")
+    assert cfg.task.startswith("sara/Mixture-v0:components=arithmetic-bands")
     assert str(cfg.output_dir) == "runs/" + cfg.name
 
 

@@ -53,23 +53,31 @@ class EvalConfig(SaraModel):
     """Also report greedy accuracy (``eval/acc_greedy``)."""
 
 
+TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 1000}}
+"""``policy_options`` of a ``tiny`` policy when none are given: 1000 supervised warm-start steps, which leave the
+default pool mostly saturated with a learnable band (docs/tasks.md)."""
+
+
 class TrainConfig(SaraModel):
-    """A training run. The defaults are ``sara train``'s embedded run: GRPO + SARA on the tiny policy and
-    ``sara/Arithmetic-v0`` (a few minutes on 2 CPU cores)."""
+    """A training run. The defaults are ``sara train``'s embedded run: GRPO + SARA on the tiny policy and a mixture
+    of arithmetic widths (``sara/Mixture-v0:components=arithmetic-bands``; a few minutes on 2 CPU cores)."""
 
     name: str = "grpo-sara-arithmetic"
     """Run name (the default output directory is ``runs/<name>``)."""
     seed: int = Field(0, ge=0)
     """Seed of rollouts, prompt order and mini-batch order."""
-    task: str = "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000"
-    """Task id or spec, see ``sara.envs.tasks``. Default: additions of 1- and 2-digit numbers (mixed widths, with and
-    without carries: a wide spread of per-prompt difficulty for the warm-started tiny policy)."""
+    task: str = "sara/Mixture-v0:components=arithmetic-bands,pool_size=1000,eval_size=200"
+    """Task id or spec, see ``sara.envs.tasks``. Default: a fixed pool of 1000 additions of two 1-, 2-, 3- and 4-digit
+    numbers (weights 0.08 / 0.37 / 0.3 / 0.25; docs/tasks.md): for the warm-started tiny policy most k-groups are
+    all right or all wrong, with a learnable band between, and a run makes several passes over the pool."""
     policy: str = "tiny"
     """Policy spec: a factory name in ``sara.policies.POLICIES`` (or ``"module:attr"``), with options like every other
     spec, e.g. ``"hf:model=smollm2,dtype=float32"``."""
     policy_options: dict[str, Any] = Field(default_factory=dict)
     """More options for the policy factory, for nested or typed values a spec string cannot carry (tiny:
-    ``TinyConfig`` fields and ``warm_start``). An option may be given here or in ``policy``, not both."""
+    ``TinyConfig`` fields and ``warm_start``). An option may be given here or in ``policy``, not both. Not given and
+    ``policy`` is ``tiny``: ``TINY_POLICY_OPTIONS`` (the embedded run's warm start; giving ``policy_options`` replaces
+    the whole mapping)."""
     backend: str = "tiny"
     """Generation backend spec: a factory name in ``sara.backends.BACKENDS`` (or ``"module:attr"``), with options,
     e.g. ``"hf:max_batch_size=32"``."""
@@ -129,6 +137,15 @@ class TrainConfig(SaraModel):
     """Show a progress bar."""
     tensorboard: bool | None = None
     """Write TensorBoard events (None = when installed)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tiny_defaults(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "policy_options" not in data:
+            policy = data.get("policy", "tiny")
+            if isinstance(policy, str) and policy.strip().partition(":")[0] == "tiny":
+                data = {**data, "policy_options": copy.deepcopy(TINY_POLICY_OPTIONS)}
+        return data
 
     @model_validator(mode="after")
     def _check_specs(self) -> TrainConfig:
