@@ -10,12 +10,15 @@ from sara.train import TrainConfig, Trainer  # noqa: E402
 
 MARGIN = 0.02
 """Held-out sampled accuracy (300 prompts x 4 samples, the same seeds before and after) must rise by at least this
-after 15 steps (the default 600-step warm start starts near 0.94 held-out accuracy, so there is little room)."""
+after 15 steps (on 1- and 2-digit additions the 600-step warm start starts near 0.94 held-out accuracy, so there is
+little room)."""
+LEARNING = {"task": "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000", "policy_options": {"warm_start": {"steps": 600}}}
+"""Pinned here (``sara train``'s default pool is a slower-moving mixture, measured in docs/tasks.md)."""
 
 
 @pytest.mark.slow
 def test_grpo_sara_improves_held_out_accuracy(tmp_path):
-    cfg = TrainConfig(algo="grpo", allocator="sara", steps=15, groups_per_step=32, optim={"lr": 2e-4},
+    cfg = TrainConfig(**LEARNING, algo="grpo", allocator="sara", steps=15, groups_per_step=32, optim={"lr": 2e-4},
                       eval={"every": 0, "num_prompts": 300, "samples": 4, "greedy": False},
                       out_dir=str(tmp_path / "run"), progress=False, seed=0)
     with Trainer(cfg) as trainer:
