@@ -53,11 +53,12 @@ class SARAConfig(SequentialConfig):
     'constant' for the paper's; with a predictive sampler, the sampler's history (``sara.allocators.compose``)."""
     decay: float = Field(0.7, gt=0.0, le=1.0)
     """History prior only: weight of evidence per step of age (lambda in MoPPS; 1 = never forget)."""
-    audit: float = Field(0.125, ge=0.0, le=1.0)
+    audit: float = Field(0.04, ge=0.0, le=1.0)
     """Optimal rule: share of units never abandoned (chosen by a hash of step and prompt, seeded by ``audit_seed``).
     Their complete groups keep the population fit identifiable: from prefixes cut after one failure alone, p = 0
-    and p = 0.1 look alike, the fit drifts toward the latter and the rule swings between abandoning everything and
-    nothing from step to step. They are ordinary groups otherwise (DS's cost)."""
+    and p = 0.1 look alike, the fit drifts toward the latter and the rule swings to abandoning nothing for a step.
+    They cost DS's price per group (0.04: +1-2% rollouts per effective group in the simulator; see
+    docs/allocation.md for the measurements behind the value)."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
     max_evidence: float = Field(64.0, gt=0.0)
