@@ -53,9 +53,9 @@ class EvalConfig(SaraModel):
     """Also report greedy accuracy (``eval/acc_greedy``)."""
 
 
-TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 1000}}
-"""``policy_options`` of a ``tiny`` policy when none are given: 1000 supervised warm-start steps, which leave the
-default pool mostly saturated with a learnable band (docs/tasks.md)."""
+TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 800}}
+"""``policy_options`` of a ``tiny`` policy when none are given: 800 supervised warm-start steps, which leave most of
+the default pool's k-groups saturated with a learnable band (docs/tasks.md)."""
 
 
 class TrainConfig(SaraModel):

@@ -70,8 +70,8 @@ ARITHMETIC_BANDS = ("easy=sara/Arithmetic-v0(min_digits=1;max_digits=1;ops=+)@0.
                     "|three=sara/Arithmetic-v0(min_digits=3;max_digits=3;ops=+)@0.3"
                     "|four=sara/Arithmetic-v0(min_digits=4;max_digits=4;ops=+)@0.25")
 """The ``arithmetic-bands`` mixture (``sara train``'s default pool): additions of two 1-, 2-, 3- and 4-digit numbers.
-For the warm-started tiny policy the 1- and 2-digit bands are mostly solved, the 4-digit band mostly out of reach and
-the 3-digit band learnable (docs/tasks.md has the measured fractions). The 1-digit band has only 100 distinct
+For the warm-started tiny policy many 1- and 2-digit sums are always right, most 4-digit sums never, and the 2- and
+3-digit bands are learnable (docs/tasks.md has the measured fractions). The 1-digit band has only 100 distinct
 problems: keep ``0.08 * (pool_size + eval_size) <= 100``."""
 
 _COMPONENT = re.compile(r"^\s*(?:(?P<label>[A-Za-z0-9_.-]+)\s*=\s*)?(?P<id>[^()@=|\s]+)\s*"
