@@ -21,6 +21,7 @@ round adapter, so it commits the same groups as ``collect`` on the same environm
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -131,13 +132,17 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
     return dataclasses.replace(res, stats=stats)
 
 
+_TAGS = itertools.count()
+"""Rollout tags of every streaming step in this process (increasing; an engine may order by them)."""
+
+
 class _Stream:
     """The in-flight rollouts of one streaming step: tags, submission, polling, aborts and their counts."""
 
     def __init__(self, allocator: Any, env: StreamingEnv, st: StepState, poll_timeout: float | None) -> None:
         self.allocator, self.env, self.st, self.poll_timeout = allocator, env, st, poll_timeout
         self.live: dict[int, int] = {}  # tag -> unit id, in submission order
-        self.next_tag = self.started = self.aborted = self.aborted_tokens = self.polls = self.inflight_sum = 0
+        self.started = self.aborted = self.aborted_tokens = self.polls = self.inflight_sum = 0
 
     def submit(self, ids: np.ndarray) -> None:
         """Start one rollout per entry of ``ids`` (seeds from ``StepState.launch``)."""
@@ -149,10 +154,9 @@ class _Stream:
             prefixes = self.allocator.prefix(ids)
         items = []
         for u, p, s, pre in zip(ids.tolist(), st.pool_index(ids).tolist(), seeds.tolist(), prefixes):
-            items.append((self.next_tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),),
-                                                        prefix=pre)))
-            self.live[self.next_tag] = u
-            self.next_tag += 1
+            tag = next(_TAGS)  # unique across steps: a late completion of an aborted tag can never match a new one
+            items.append((tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),), prefix=pre)))
+            self.live[tag] = u
         self.started += len(ids)
         with st.timer("env"):
             self.env.submit(items)

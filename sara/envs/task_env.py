@@ -145,6 +145,7 @@ class TaskEnv:
         t0 = time.perf_counter()
         done = self.backend.poll(timeout)  # type: ignore[attr-defined]
         self._counts["generate_seconds"] += time.perf_counter() - t0
+        done = [(tag, c) for tag, c in done if int(tag) in self._pending]  # an aborted tag that finished meanwhile
         if not done:
             return []
         reqs = [self._pending.pop(int(tag)) for tag, _ in done]
