@@ -200,13 +200,15 @@ def test_failed_write_leaves_previous_checkpoints_intact(tmp_path, monkeypatch):
 
 def test_stop_signals_defers_the_first_signal_and_not_the_second():
     previous = signal.getsignal(signal.SIGTERM)
+    # raise_signal sends to THIS thread, so the handler has run when it returns; os.kill(pid) may be delivered to
+    # any thread of the process (earlier tests leave engine / Ray threads), and then the handler runs a bit later.
     with StopSignals() as stop:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.received == "SIGTERM"  # delivered to the main thread before kill returns
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.received == "SIGTERM"
         assert signal.getsignal(signal.SIGTERM) is previous  # a second one is not deferred
     with StopSignals() as stop:
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         assert stop.received == "SIGINT"
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
