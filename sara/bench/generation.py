@@ -41,7 +41,7 @@ STREAM_SUFFIX = "+stream"
 """An allocator spec ending in this runs under ``collect_stream`` instead of ``collect``."""
 BACKEND_NAMES = ("tiny", "hf", "vllm")
 DEFAULT_TASKS = {
-    # the tiny policy's default task (``sara train``'s embedded run), warm-started on it
+    # the tiny policy on the task it was first tuned on (sara train's default before the mixture pool)
     "tiny": "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000",
     # 1-digit sums, as in examples/configs/smollm2_*.yaml: SmolLM2-135M solves ~3% at T=1, so some groups are mixed
     "hf": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=20",
