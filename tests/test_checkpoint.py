@@ -199,16 +199,24 @@ def test_failed_write_leaves_previous_checkpoints_intact(tmp_path, monkeypatch):
 
 
 def test_stop_signals_defers_the_first_signal_and_not_the_second():
-    previous = signal.getsignal(signal.SIGTERM)
-    # raise_signal sends to THIS thread, so the handler has run when it returns; os.kill(pid) may be delivered to
-    # any thread of the process (earlier tests leave engine / Ray threads), and then the handler runs a bit later.
-    with StopSignals() as stop:
-        signal.raise_signal(signal.SIGTERM)
-        assert stop.received == "SIGTERM"
-        assert signal.getsignal(signal.SIGTERM) is previous  # a second one is not deferred
-    with StopSignals() as stop:
-        signal.raise_signal(signal.SIGINT)
-        assert stop.received == "SIGINT"
-        with pytest.raises(KeyboardInterrupt):
+    # Start from Python's own handlers: an engine started by an earlier test (vLLM) may have replaced them.
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        # raise_signal sends to THIS thread, so the handler has run when it returns; os.kill(pid) may be delivered to
+        # any thread of the process (earlier tests leave engine / Ray threads), and then the handler runs a bit later.
+        with StopSignals() as stop:
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.received == "SIGTERM"
+            assert signal.getsignal(signal.SIGTERM) is previous  # a second one is not deferred
+        with StopSignals() as stop:
             signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert stop.received == "SIGINT"
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])

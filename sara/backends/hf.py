@@ -164,8 +164,6 @@ class HFBackend:
 
     @torch.inference_mode()
     def _generate_chunk(self, rows: list[_Row], sampling: SamplingConfig) -> None:
-        from transformers import DynamicCache
-
         dev = self.device
         # 1) prefill each distinct prompt once (left padding), then repeat its cache for its rows
         uniq: dict[int, int] = {}
@@ -173,16 +171,7 @@ class HFBackend:
             uniq.setdefault(r.request, len(uniq))
         prompt_of = {r.request: r.prompt_ids for r in rows}
         plist = [prompt_of[q] for q in uniq]
-        width = max(len(p) for p in plist)
-        ids = torch.full((len(plist), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(plist), width), dtype=torch.long)
-        for i, p in enumerate(plist):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits, cache = self._forward(ids, mask, pos, cache)
+        logits, cache, mask = self._prefill(plist)
         sel = torch.tensor([uniq[r.request] for r in rows], dtype=torch.long, device=dev)
         logits = logits.index_select(0, sel)
         if len(plist) != len(rows) or not torch.equal(sel, torch.arange(len(rows), device=dev)):
@@ -221,6 +210,22 @@ class HFBackend:
             next_pos = next_pos + 1
         for r in rows:  # a cap of 0 generates nothing
             r.finish = r.finish or "length"
+
+    def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One forward over left-padded ``prompts``: last-position logits ``[P, V]``, a fresh cache, the mask ``[P, W]``
+        (shared by the round loop and the streaming loop's admission)."""
+        from transformers import DynamicCache
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(ids, mask, pos, DynamicCache())
+        return logits, cache, mask
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
                  ) -> tuple[torch.Tensor, Any]:

@@ -184,22 +184,12 @@ class HFStreamEngine:
 
     def _admit(self, new: list[_Slot]) -> None:
         """Prefill the newcomers (each distinct prompt once) and join them to the running batch."""
-        from transformers import DynamicCache
-
         b = self.backend
         dev = b.device
         uniq: dict[tuple[int, ...], int] = {}
         for s in new:
             uniq.setdefault(tuple(s.prompt_ids), len(uniq))
-        width = max(len(p) for p in uniq)
-        ids = torch.full((len(uniq), width), b.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(uniq), width), dtype=torch.long)
-        for i, p in enumerate(uniq):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = b._forward(ids, mask, pos, DynamicCache())
+        logits, cache, mask = b._prefill(list(uniq))
         self.prefills += 1
         sel = torch.tensor([uniq[tuple(s.prompt_ids)] for s in new], dtype=torch.long, device=dev)
         if len(uniq) != len(new) or not torch.equal(sel, torch.arange(len(new), device=dev)):
