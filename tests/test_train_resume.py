@@ -47,20 +47,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     reference = read_jsonl(full / "metrics.jsonl")
     assert [r["step"] for r in reference] == list(range(9))
 
-    proc = subprocess.Popen(_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:  # kill as soon as the first checkpoint (step 2) is on disk
-            ckpt = latest_checkpoint(killed / "checkpoints")
-            if ckpt is not None or proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    _kill_at_first_checkpoint(_cmd(killed), env, killed)
     last = latest_checkpoint(killed / "checkpoints")
     assert last is not None and int(last.stem.split("-")[1]) < 8
     assert len(read_jsonl(killed / "metrics.jsonl")) < len(reference)
@@ -160,10 +147,18 @@ def test_streaming_run_killed_then_resumed_matches_uninterrupted(tmp_path):
     reference = read_jsonl(full / "metrics.jsonl")
     assert [r["step"] for r in reference] == list(range(6))
     assert sum(r["alloc/aborted_rollouts"] for r in reference[1:]) > 0 and reference[1]["alloc/mean_inflight"] > 0
-    proc = subprocess.Popen(_cmd(killed, *extra), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_at_first_checkpoint(_cmd(killed, *extra), env, killed)
+    assert len(read_jsonl(killed / "metrics.jsonl")) < len(reference)
+    subprocess.run(_cmd(killed, *extra, "--resume"), check=True, env=env, capture_output=True, timeout=600)
+    assert deterministic_view(read_jsonl(killed / "metrics.jsonl")) == deterministic_view(reference)
+
+
+def _kill_at_first_checkpoint(cmd: list[str], env: dict[str, str], out: Path) -> None:
+    """Start a training run and SIGKILL it as soon as its first checkpoint is on disk (fails if it finished first)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and latest_checkpoint(killed / "checkpoints") is None and proc.poll() is None:
+        while time.monotonic() < deadline and latest_checkpoint(out / "checkpoints") is None and proc.poll() is None:
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
@@ -171,6 +166,3 @@ def test_streaming_run_killed_then_resumed_matches_uninterrupted(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    assert len(read_jsonl(killed / "metrics.jsonl")) < len(reference)
-    subprocess.run(_cmd(killed, *extra, "--resume"), check=True, env=env, capture_output=True, timeout=600)
-    assert deterministic_view(read_jsonl(killed / "metrics.jsonl")) == deterministic_view(reference)
