@@ -194,6 +194,9 @@ class StepState:
         self.abandoned: list[Group] = []
         self.discarded: list[Group] = []
         self.rollouts = self.rounds = self.drawn = 0
+        self.born = np.zeros(0, np.int64)  # step each unit was first admitted (earlier for carried units)
+        self.carried_in = self.carried_out = 0  # delivered rollouts of carried units, received / handed on
+        self.carried_in_tokens = self.carried_out_tokens = 0
         self.exhausted = False
         self._seen: dict[int, int] = defaultdict(int)
         self.timer = timer or PhaseTimer()  # drivers time the allocator ("allocator") and the environment ("env")
@@ -227,11 +230,36 @@ class StepState:
         for i, p in enumerate(idx.tolist()):
             occ[i] = self._seen[p]
             self._seen[p] += 1
-        self.occurrence = np.concatenate([self.occurrence, occ])
-        self.started = np.concatenate([self.started, np.zeros(len(idx), np.int64)])
-        self.is_closed = np.concatenate([self.is_closed, np.zeros(len(idx), bool)])
-        self.rollouts_of.extend([] for _ in range(len(idx)))
+        self._append(occ, np.zeros(len(idx), np.int64), np.full(len(idx), self.step, np.int64), [[] for _ in idx])
         return ids
+
+    def readmit(self, pool_index: np.ndarray, born: np.ndarray, started: np.ndarray,
+                rollouts: Sequence[Sequence[Rollout]]) -> None:
+        """Units carried in from the previous step (a streaming driver's carry-over), before any ``admit``: each takes
+        a fresh occurrence of its prompt in this step (its further rollouts are seeded ``(seed, step, prompt,
+        occurrence, j)`` with ``j`` continuing after ``started``) and keeps its delivered ``rollouts``. The allocator's
+        side is ``carry_in``."""
+        occ = np.empty(len(pool_index), np.int64)
+        for i, p in enumerate(np.asarray(pool_index, np.int64).tolist()):
+            occ[i] = self._seen[p]
+            self._seen[p] += 1
+        self.carried_in += sum(len(r) for r in rollouts)
+        self.carried_in_tokens += sum(x.num_tokens for r in rollouts for x in r)
+        self._append(occ, np.asarray(started, np.int64), np.asarray(born, np.int64), [list(r) for r in rollouts])
+
+    def _append(self, occ: np.ndarray, started: np.ndarray, born: np.ndarray, rollouts: list[list[Rollout]]) -> None:
+        self.occurrence = np.concatenate([self.occurrence, occ])
+        self.started = np.concatenate([self.started, started])
+        self.born = np.concatenate([self.born, born])
+        self.is_closed = np.concatenate([self.is_closed, np.zeros(len(occ), bool)])
+        self.rollouts_of.extend(rollouts)
+
+    def hand_on(self, unit_ids: np.ndarray) -> None:
+        """Open units carried into the next step: they leave this step without a group."""
+        unit_ids = np.asarray(unit_ids, np.int64)
+        self.is_closed[unit_ids] = True
+        self.carried_out += sum(len(self.rollouts_of[u]) for u in unit_ids.tolist())
+        self.carried_out_tokens += sum(x.num_tokens for u in unit_ids.tolist() for x in self.rollouts_of[u])
 
     def launch(self, unit_ids: np.ndarray) -> np.ndarray:
         """Seeds of one new rollout per entry of ``unit_ids`` (repeats allowed; rollout j of a unit gets the seed
@@ -283,7 +311,8 @@ class StepState:
         for obs in self.observers:
             extra.update(obs.stats())
         stats = CollectStats(
-            rollouts=self.rollouts, tokens=sum(v[1] for v in sums.values()), rounds=self.rounds,
+            rollouts=self.rollouts, rounds=self.rounds,
+            tokens=sum(v[1] for v in sums.values()) + self.carried_out_tokens - self.carried_in_tokens,
             committed_groups=len(self.committed), effective_groups=len(eff), abandoned_groups=len(self.abandoned),
             discarded_groups=len(self.discarded), committed_rollouts=sums["c"][0], abandoned_rollouts=sums["a"][0],
             discarded_rollouts=sums["d"][0], committed_tokens=sums["c"][1], abandoned_tokens=sums["a"][1],
@@ -291,9 +320,11 @@ class StepState:
             target_groups=self.target_groups, allocator_seconds=self.timer.seconds["allocator"],
             env_seconds=self.timer.seconds["env"],
             decisions=int(self.allocator.metrics().get("alloc/decisions", 0.0) - self._decisions0),
-            effective_rollouts=sum(g.size for g in eff), **extra,
+            effective_rollouts=sum(g.size for g in eff), carried_in_rollouts=self.carried_in,
+            carried_out_rollouts=self.carried_out, **extra,
         )
-        if stats.rollouts != stats.committed_rollouts + stats.abandoned_rollouts + stats.discarded_rollouts:
+        grouped = stats.committed_rollouts + stats.abandoned_rollouts + stats.discarded_rollouts
+        if stats.rollouts + self.carried_in != grouped + self.carried_out:
             raise AssertionError(f"accounting broken: {stats}")  # an allocator lost or duplicated a unit
         return CollectResult(groups=tuple(self.committed), abandoned=tuple(self.abandoned),
                              discarded=tuple(self.discarded), stats=stats)

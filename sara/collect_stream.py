@@ -8,10 +8,20 @@ unit that closed without them. When the target is reached, everything still in f
 are counted (``CollectStats.aborted_rollouts`` / ``aborted_tokens``) and belong to no group: rollouts started ==
 delivered + aborted, and every delivered rollout is in exactly one committed / abandoned / discarded group.
 
+**Carry-over** (``carry_lag=N``, off by default): instead of aborting and discarding at the step's end, the open units
+(their delivered rollouts) and the rollouts they still have running on the engine are handed to the next step
+(``CollectResult.carry``, a ``StreamCarry``; pass it back as ``carry=``), where they are re-admitted and finish. The
+allocator works ``lookahead`` groups ahead (default: one more step's target), so slots that would idle while the last
+groups fill probe prompts for the next step instead. Lag is bounded: a unit is carried only while its oldest rollout
+will be at most ``carry_lag`` weight updates old when it is trained on; older ones are discarded as before. Rollouts
+are tagged with the step they were started in (``Rollout.metadata["policy_step"]``) so a trainer can correct for their
+age (``sara.train``: the generator's log-probs become the old log-probs of stale rows). Engines keep running rollouts
+through a weight update (in-flight updates, as PipelineRL does): a rollout carried over mid-generation has tokens
+from two weight versions, each with the log-prob its generator reported.
+
 The bookkeeping is ``collect``'s own ``StepState``, so admission and rollout seeds are identical: rollout ``j`` of a
-unit gets the seed ``(seed, step, prompt, occurrence, j)`` whichever driver runs it. In-flight rollouts are never
-carried over to the next step: the step's end aborts them (bounded, counted waste; the next step's weights would have
-made them off-policy anyway).
+unit gets the seed ``(seed, step, prompt, occurrence, j)`` whichever driver runs it (a carried unit takes an occurrence
+in the step that re-admits it and continues ``j``).
 
 An allocator without the streaming API (``uniform``, ``ds``, ``sara_tree``, a custom ``BudgetAllocator``) runs in
 synchronous rounds over the stream (plan, submit the round, poll until it is in, observe): ``collect`` itself on a
@@ -35,7 +45,7 @@ from sara.config import ConfigError
 from sara.envs.base import StreamingEnv
 from sara.types import CollectResult, Rollout, RolloutRequest
 
-__all__ = ["collect_stream", "streams"]
+__all__ = ["StreamCarry", "collect_stream", "release_carry", "streams"]
 
 
 def streams(obj: Any) -> bool:
@@ -45,10 +55,47 @@ def streams(obj: Any) -> bool:
     return isinstance(obj, proto) and bool(getattr(obj, "streams", True))
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamCarry:
+    """What a streaming step hands the next one (``collect_stream(..., carry_lag=N)``): its open units and the
+    rollouts they still have running on the engine. Pass it to the next ``collect_stream`` on the same environment,
+    or give its running rollouts back with ``release_carry``.
+
+    Attributes:
+        step: The step that handed it on.
+        pool_index: Prompt of each carried unit ``[U]``.
+        born: Step each unit was first admitted ``[U]`` (the weights of its oldest rollout).
+        started: Rollouts started (seeded) per unit so far ``[U]`` (delivered + running).
+        rollouts: Delivered rollouts, per unit.
+        live: Engine tag of each running rollout -> ``(carried unit index, step it was started in)``.
+    """
+
+    step: int
+    pool_index: np.ndarray
+    born: np.ndarray
+    started: np.ndarray
+    rollouts: tuple[tuple[Rollout, ...], ...]
+    live: dict[int, tuple[int, int]]
+
+    @property
+    def delivered(self) -> int:
+        """Delivered rollouts of the carried units."""
+        return sum(len(r) for r in self.rollouts)
+
+
+def release_carry(env: StreamingEnv, carry: StreamCarry | None) -> int:
+    """Abort the running rollouts of a carry that will not be used (end of a run, a checkpoint); returns the tokens
+    they had generated."""
+    if carry is None or not carry.live:
+        return 0
+    return int(env.abort(list(carry.live)))
+
+
 def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: PromptSampler, *, target_groups: int,
                    max_inflight: int | None = None, max_rollouts: int | None = None, seed: int = 0,
                    step: int | None = None, eps: float | None = None, observers: Sequence[CollectObserver] = (),
-                   poll_timeout: float | None = None) -> CollectResult:
+                   poll_timeout: float | None = None, carry: StreamCarry | None = None, carry_lag: int = 0,
+                   lookahead: int | None = None) -> CollectResult:
     """Run one collection step on a streaming environment until ``target_groups`` groups are committed.
 
     Args:
@@ -65,6 +112,10 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
         observers: Analysis hooks told about every closed unit (as in ``collect``).
         poll_timeout: Seconds one ``env.poll`` may wait (None = until a rollout finishes; in-process engines ignore
             it). A poll that times out empty is simply repeated.
+        carry: The previous step's ``CollectResult.carry`` (same environment): its units are re-admitted first.
+        carry_lag: Hand open units and their running rollouts to the next step (``CollectResult.carry``) while their
+            oldest rollout will be at most this many steps old when trained on; 0 (default): abort and discard them.
+        lookahead: Groups the allocator works ahead of the target when carrying (default: ``target_groups``).
 
     Returns:
         ``CollectResult`` as ``collect``'s, plus ``stats.aborted_rollouts`` / ``aborted_tokens`` and
@@ -73,8 +124,8 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
         ``pool_exhausted``, ``allocator_done``.
 
     Raises:
-        ConfigError: ``env`` cannot stream, ``max_inflight`` < 1, or ``target_groups`` larger than what the sampler
-            can supply.
+        ConfigError: ``env`` cannot stream, ``max_inflight`` < 1, ``carry_lag`` < 0, a carry for an allocator that
+            cannot stream, or ``target_groups`` larger than what the sampler can supply.
     """
     if not streams(env):
         raise ConfigError(f"collect_stream: field 'env': {type(env).__name__} cannot stream (it needs slots, submit, "
@@ -84,7 +135,12 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
         raise ConfigError(f"collect_stream: field 'max_inflight': {cap} rollouts in flight; give at least 1")
     if max_rollouts is not None and max_rollouts < 1:
         raise ConfigError(f"collect_stream: field 'max_rollouts': {max_rollouts}; give at least 1 or None")
+    if carry_lag < 0:
+        raise ConfigError(f"collect_stream: field 'carry_lag': {carry_lag}; give 0 (no carry-over) or more steps")
     if not streams(allocator):
+        if carry is not None:
+            raise ConfigError("collect_stream: field 'carry': only allocators with the streaming API carry units "
+                              f"over; {type(allocator).__name__} runs in rounds (give carry_lag=0)")
         rounds = _RoundsOverStream(env, cap, poll_timeout)
         res = collect(allocator, rounds, sampler, target_groups=target_groups, max_rollouts=max_rollouts, seed=seed,
                       step=step, eps=eps, observers=observers)  # type: ignore[arg-type]
@@ -95,7 +151,10 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
                           f"at most what the sampler can supply ({room} more prompts)")
     st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed, max_rollouts=max_rollouts,
                          eps=eps, observers=observers)
-    run = _Stream(allocator, env, st, poll_timeout)
+    run = _Stream(allocator, env, st, poll_timeout, tag_steps=bool(carry_lag) or carry is not None)
+    if carry is not None:
+        run.take(carry)
+    allocator.lookahead = (target_groups if lookahead is None else int(lookahead)) if carry_lag else 0  # type: ignore[attr-defined]
     stop = ""
     while not stop:
         if len(st.committed) >= target_groups:
@@ -117,19 +176,20 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
             stop = "max_rollouts" if budget_spent else ("pool_exhausted" if st.exhausted else "allocator_done")
             break
         run.poll()
+    handed = run.hand_on(carry_lag) if carry_lag else None  # before end_step closes the open units
     run.abort_units(np.unique(np.fromiter(run.live.values(), np.int64, count=len(run.live))))  # the step ends
     with st.timer("allocator"):
         closed = allocator.end_step()
     st.close(*closed)
     sampler.update(*allocator.observations(), st.step)
     res = st.result(stop)
-    started = int(st.started.sum())
-    if started != run.started or started != res.stats.rollouts + run.aborted:
-        raise AssertionError(f"accounting broken: {started} rollouts started, {res.stats.rollouts} delivered, "
-                             f"{run.aborted} aborted")
+    if run.started + run.carried_in != res.stats.rollouts + run.aborted + run.carried_out:
+        raise AssertionError(f"accounting broken: {run.started} rollouts started + {run.carried_in} carried in, "
+                             f"{res.stats.rollouts} delivered, {run.aborted} aborted, {run.carried_out} carried out")
     stats = dataclasses.replace(res.stats, aborted_rollouts=run.aborted, aborted_tokens=run.aborted_tokens,
-                                mean_inflight=run.inflight_sum / run.polls if run.polls else 0.0)
-    return dataclasses.replace(res, stats=stats)
+                                mean_inflight=run.inflight_sum / run.polls if run.polls else 0.0,
+                                carried_in_inflight=run.carried_in, carried_out_inflight=run.carried_out)
+    return dataclasses.replace(res, stats=stats, carry=handed)
 
 
 _TAGS = itertools.count()
@@ -139,10 +199,50 @@ _TAGS = itertools.count()
 class _Stream:
     """The in-flight rollouts of one streaming step: tags, submission, polling, aborts and their counts."""
 
-    def __init__(self, allocator: Any, env: StreamingEnv, st: StepState, poll_timeout: float | None) -> None:
+    def __init__(self, allocator: Any, env: StreamingEnv, st: StepState, poll_timeout: float | None, *,
+                 tag_steps: bool = False) -> None:
         self.allocator, self.env, self.st, self.poll_timeout = allocator, env, st, poll_timeout
         self.live: dict[int, int] = {}  # tag -> unit id, in submission order
+        self.born: dict[int, int] = {}  # tag -> step it was started in (tag_steps: delivered as metadata)
+        self.tag_steps = tag_steps
         self.started = self.aborted = self.aborted_tokens = self.polls = self.inflight_sum = 0
+        self.carried_in = self.carried_out = 0
+
+    def take(self, carry: StreamCarry) -> None:
+        """Re-admit the previous step's carried units (before any fresh prompt) and adopt their running rollouts."""
+        st = self.st
+        st.readmit(carry.pool_index, carry.born, carry.started, carry.rollouts)
+        inflight = np.bincount(np.fromiter((u for u, _ in carry.live.values()), np.int64, count=len(carry.live)),
+                               minlength=len(carry.pool_index))
+        rewards = [np.fromiter((r.reward for r in rs), np.float64, count=len(rs)) for rs in carry.rollouts]
+        with st.timer("allocator"):
+            ids, closed, decisions = self.allocator.carry_in(carry.pool_index, rewards, inflight)
+        if not np.array_equal(ids, np.arange(len(carry.pool_index))):
+            raise AssertionError("carry: re-admitted units must be the step's first units")
+        for tag, (u, born) in carry.live.items():
+            self.live[tag], self.born[tag] = int(ids[u]), born
+        self.carried_in = len(carry.live)
+        st.close(closed, decisions)
+        self.abort_units(np.asarray(closed, np.int64))
+
+    def hand_on(self, lag: int) -> StreamCarry | None:
+        """The open units young enough for ``lag`` (and their running rollouts) leave the step for the next one."""
+        st = self.st
+        units = st.open_units()
+        units = units[st.step + 1 - st.born[units] <= lag]
+        if len(units) == 0:
+            return None
+        pos = {u: i for i, u in enumerate(units.tolist())}
+        live = {t: (pos[u], self.born.pop(t)) for t, u in list(self.live.items()) if u in pos}
+        for t in live:
+            del self.live[t]
+        with st.timer("allocator"):
+            self.allocator.carry_out(units)
+        st.hand_on(units)
+        self.carried_out = len(live)
+        return StreamCarry(step=st.step, pool_index=st.pool_index(units), born=st.born[units].copy(),
+                           started=st.started[units].copy(), rollouts=tuple(tuple(st.rollouts_of[u]) for u in units),
+                           live=live)
 
     def submit(self, ids: np.ndarray) -> None:
         """Start one rollout per entry of ``ids`` (seeds from ``StepState.launch``)."""
@@ -157,6 +257,8 @@ class _Stream:
             tag = next(_TAGS)  # unique across steps: a late completion of an aborted tag can never match a new one
             items.append((tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),), prefix=pre)))
             self.live[tag] = u
+            if self.tag_steps:
+                self.born[tag] = st.step
         self.started += len(ids)
         with st.timer("env"):
             self.env.submit(items)
@@ -177,7 +279,10 @@ class _Stream:
         if not keep:
             return
         unit_ids = np.fromiter((self.live.pop(tag) for tag, _ in keep), np.int64, count=len(keep))
-        flat_ids, rewards = st.record(unit_ids, [r for _, r in keep])
+        got = [r for _, r in keep]
+        if self.tag_steps:  # the weights' age travels with the rollout (a trainer corrects stale ones)
+            got = [dataclasses.replace(r, metadata={**r.metadata, "policy_step": self.born.pop(t)}) for t, r in keep]
+        flat_ids, rewards = st.record(unit_ids, got)
         with st.timer("allocator"):
             closed, decisions = self.allocator.finished(flat_ids, rewards)
         st.close(closed, decisions)
@@ -195,6 +300,7 @@ class _Stream:
         tags = [t for t, u in self.live.items() if u in kill]
         for t in tags:
             del self.live[t]
+            self.born.pop(t, None)
         with self.st.timer("env"):
             self.aborted_tokens += int(self.env.abort(tags))
         with self.st.timer("allocator"):

@@ -165,8 +165,8 @@ class CollectStats:
 
     Invariants (checked by ``sara.testing.check_allocator``)::
 
-        rollouts == committed_rollouts + abandoned_rollouts + discarded_rollouts
-        tokens   == committed_tokens   + abandoned_tokens   + discarded_tokens
+        rollouts == committed_rollouts + abandoned_rollouts + discarded_rollouts   (+ carried_out - carried_in)
+        tokens   == committed_tokens   + abandoned_tokens   + discarded_tokens     (when nothing is carried)
         rollouts <= max_rollouts (when a budget was given)
 
     Attributes:
@@ -201,6 +201,15 @@ class CollectStats:
         mean_inflight: Streaming drivers: rollouts in flight averaged over the driver's ``poll`` calls (poll-weighted,
             not time-weighted: each poll counts once, with the rollouts in flight when it was issued), a measure of
             engine occupancy next to ``env.slots``. ``collect`` leaves it 0.
+        carried_in_rollouts: Streaming carry-over (``collect_stream(carry_lag=...)``): rollouts delivered in earlier
+            steps to units re-admitted in this one (in this step's groups, not in ``rollouts``).
+        carried_out_rollouts: Rollouts delivered so far to the units handed on to the next step (in ``rollouts``, in
+            no group of this step).
+        carried_in_inflight: Rollouts still running on the engine when this step received them (they finish here:
+            in ``rollouts`` or ``aborted_rollouts``, though not started here).
+        carried_out_inflight: Rollouts left running on the engine for the next step (started, neither delivered nor
+            aborted here): rollouts started + ``carried_in_inflight`` == ``rollouts + aborted_rollouts +
+            carried_out_inflight``.
     """
 
     rollouts: int = 0
@@ -227,6 +236,10 @@ class CollectStats:
     aborted_rollouts: int = 0
     aborted_tokens: int = 0
     mean_inflight: float = 0.0
+    carried_in_rollouts: int = 0
+    carried_out_rollouts: int = 0
+    carried_in_inflight: int = 0
+    carried_out_inflight: int = 0
 
     def as_metrics(self, prefix: str = "alloc/") -> dict[str, float]:
         """Flat ``{prefix + name: value}`` dict of the numeric fields (for loggers)."""
@@ -261,6 +274,9 @@ class CollectResult:
     abandoned: tuple[Group, ...]
     discarded: tuple[Group, ...]
     stats: CollectStats
+    carry: Any = None
+    """Streaming carry-over: the open units and running rollouts handed to the next step
+    (``sara.collect_stream.StreamCarry``; pass it as ``carry=`` to the next ``collect_stream``), else None."""
 
     @property
     def rollouts(self) -> list[Rollout]:

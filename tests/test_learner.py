@@ -113,3 +113,24 @@ def test_lr_schedule_follows_optimizer_steps():
     assert lr_at(OptimConfig(lr=0.3), 1000, 1) == 0.3
     assert planned_optimizer_steps(10, 4, 8, 2, 16) == 10 * 2 * math.ceil(32 / 16)
     assert planned_optimizer_steps(10, 4, 8, 1, None) == 10
+
+
+def test_stale_rollouts_take_the_generators_logprobs_as_old_logprobs():
+    # A rollout started under older weights (a carrying streaming driver tags it with its step) is trained with the
+    # generator's log-probs as old log-probs; fresh ones keep the trainer's; no tag or no step: nothing is stale.
+    import dataclasses
+
+    gs = groups()
+    old = [dataclasses.replace(r, metadata={"policy_step": 4 if j else 3}) for j, r in enumerate(gs[0].rollouts)]
+    gs[0] = dataclasses.replace(gs[0], rollouts=tuple(old))
+    learner = Learner(TinyPolicy(SMALL), make_algo("grpo"), OptimConfig(lr=1e-3), seed=0)
+    assert make_batch(gs).stale is None and make_batch(groups(), step=4).stale is None
+    b = learner.make_batch(gs, step=4)
+    assert b.stale.tolist() == [True] + [False] * 7  # only the rollout of step 3
+    _, _, extra = learner.advantages(b)
+    m, old_lp = b.response_mask, extra["old_logprobs"]
+    assert torch.equal(old_lp[0] * m[0], b.gen_logprobs[0] * m[0])  # the generator's -1.0 per token
+    fresh = learner.advantages(learner.make_batch(groups()))[2]["old_logprobs"]
+    assert torch.allclose(old_lp[1:], fresh[1:]) and not torch.allclose(old_lp[0] * m[0], fresh[0] * m[0])
+    assert extra["metrics"]["algo/stale_fraction"] == pytest.approx(1 / 8)
+    assert b.rows(torch.tensor([0, 2])).stale.tolist() == [True, False]

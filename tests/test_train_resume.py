@@ -136,17 +136,20 @@ def test_signal_writes_a_final_checkpoint_and_resume_matches(reference_run, tmp_
 
 
 @pytest.mark.slow
-def test_streaming_run_killed_then_resumed_matches_uninterrupted(tmp_path):
-    # The streaming driver aborts what is in flight at every step's end, so a checkpoint between steps carries all of
-    # its state: kill + resume logs the uninterrupted run's metrics (aborted rollouts and occupancy included).
+@pytest.mark.parametrize("carry_lag", [0, 1])
+def test_streaming_run_killed_then_resumed_matches_uninterrupted(tmp_path, carry_lag):
+    # The streaming driver aborts what is in flight at a checkpoint step's end (carry_lag: other steps hand it on),
+    # so a checkpoint between steps holds all of its state: kill + resume logs the uninterrupted run's metrics
+    # (aborted and carried rollouts and occupancy included).
     env = {**os.environ, "SARA_CACHE_DIR": str(tmp_path / "cache")}
     extra = ["--driver", "stream", "--set", "backend=tiny:slots=16", "--set", "allocator=sara_async:max_inflight=2",
-             "--set", "steps=5", "--set", "algo=grpo", "--set", "eval.every=2"]
+             "--set", "steps=5", "--set", "algo=grpo", "--set", "eval.every=2", "--set", f"carry_lag={carry_lag}"]
     full, killed = tmp_path / "full", tmp_path / "killed"
     subprocess.run(_cmd(full, *extra), check=True, env=env, capture_output=True, timeout=600)
     reference = read_jsonl(full / "metrics.jsonl")
     assert [r["step"] for r in reference] == list(range(6))
     assert sum(r["alloc/aborted_rollouts"] for r in reference[1:]) > 0 and reference[1]["alloc/mean_inflight"] > 0
+    assert (sum(r["alloc/carried_in_rollouts"] for r in reference[1:]) > 0) == bool(carry_lag)
     _kill_at_first_checkpoint(_cmd(killed, *extra), env, killed)
     assert len(read_jsonl(killed / "metrics.jsonl")) < len(reference)
     subprocess.run(_cmd(killed, *extra, "--resume"), check=True, env=env, capture_output=True, timeout=600)

@@ -70,3 +70,29 @@ def test_driver_stream_needs_a_streaming_environment(tmp_path):
     with pytest.raises(ConfigError, match="driver"):
         validate_config(TrainConfig, {"driver": "async"}, what="train config")
     Trainer(_cfg(tmp_path, backend="plain_tiny_for_tests")).close()  # the synchronous driver is fine
+
+
+def test_carry_over_hands_work_to_the_next_step_except_at_checkpoints(tmp_path):
+    # carry_lag=1: step 1 hands open units on, step 2 trains on them (stale rows); step 2 writes a checkpoint, so it
+    # carries nothing, and neither does the run's last step.
+    cfg = _cfg(tmp_path, driver="stream", allocator="sara", backend="tiny:slots=32", carry_lag=1, steps=4,
+               checkpoint_every=2, groups_per_step=4,
+               policy_options={"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 40}})
+    with Trainer(cfg) as trainer:
+        summary = trainer.train(log=False)
+    from sara.metrics import read_jsonl
+
+    rec = {int(r["step"]): r for r in read_jsonl(tmp_path / "metrics.jsonl")}
+    assert summary.steps == 4
+    assert rec[1]["alloc/carried_out_rollouts"] + rec[1]["alloc/carried_out_inflight"] > 0
+    assert rec[2]["alloc/carried_in_rollouts"] == rec[1]["alloc/carried_out_rollouts"]
+    assert rec[2]["algo/stale_fraction"] > 0
+    for step in (2, 4):  # a checkpoint step and the last: nothing left for later
+        assert rec[step]["alloc/carried_out_rollouts"] == rec[step]["alloc/carried_out_inflight"] == 0
+    assert trainer.backend.inflight() == 0
+
+
+def test_carry_lag_needs_the_streaming_driver(tmp_path):
+    with pytest.raises(ConfigError, match="field 'carry_lag'.*driver"):
+        validate_config(TrainConfig, {"carry_lag": 1}, what="train config")
+    validate_config(TrainConfig, {"carry_lag": 1, "driver": "stream"}, what="train config")

@@ -204,7 +204,8 @@ class BudgetAllocator(ABC):
     def observations(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(pool_index, n, rsum)`` of every unit of the step, in unit-id order (copies; for prompt samplers)."""
         u = self.units
-        return u.pool_index.copy(), u.n.copy(), u.rsum.copy()
+        gone = u.status == UnitStatus.CARRIED  # counted in the step that closes them (they are re-admitted there)
+        return u.pool_index.copy(), np.where(gone, 0, u.n), np.where(gone, 0.0, u.rsum)
 
     # ---- bookkeeping shared by subclasses -------------------------------------------------------------------
     def _close(self, idx: np.ndarray, decision: Decision | np.ndarray) -> np.ndarray:

@@ -220,7 +220,7 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
         d_fill = self._close(filling, Decision.COMMIT)
         probing = np.flatnonzero(u.status == UnitStatus.PROBING)
         d_probe = self._close(probing, Decision.DISCARD)
-        self.prior.update(u.pool_index, u.n, u.rsum, self.step)
+        self.prior.update(*self.observations(), self.step)  # carried units count in the step that closes them
         return np.concatenate([filling, probing]), np.concatenate([d_fill, d_probe])
 
     def state_dict(self) -> dict[str, Any]:

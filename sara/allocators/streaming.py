@@ -15,6 +15,11 @@
 * ``inflight(unit_ids)``: rollouts in flight per unit (the driver aborts those of closed units).
 * ``abort(unit_ids)``: forget the in-flight rollouts of units the driver cancelled.
 
+Carry-over (``collect_stream(..., carry_lag=N)``): ``lookahead`` extra groups are treated as still needed, so the
+driver keeps admitting and probing for the next step while this one finishes; at the step's end ``carry_out`` hands
+the open units over (status ``CARRIED``: neither closed nor in this step's observations) and the next step re-admits
+them with ``carry_in`` (their delivered rewards replayed through ``observe``, their running rollouts still in flight).
+
 A subclass whose ``observe`` depends on ``plan`` (``sara_tree`` places leaves on tree nodes in ``plan``) sets
 ``streams = False``; drivers then run it in synchronous rounds.
 """
@@ -39,9 +44,45 @@ class StreamingMixin:
     units: Any
     k: int
 
+    lookahead: int = 0
+    """Groups wanted beyond the target (streaming drivers that carry open units into the next step set it per step)."""
+
     def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
         super().begin_step(target_groups, step, max_rollouts)  # type: ignore[misc]
         self._inflight = np.zeros(0, np.int64)
+        self.lookahead = 0
+
+    def _needed(self) -> int:
+        """Groups still needed: target + ``lookahead`` minus units committed or committed-and-filling."""
+        st = self.units.status
+        won = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum())
+        return max(0, self.target_groups + self.lookahead - won)  # type: ignore[attr-defined]
+
+    def carry_out(self, unit_ids: np.ndarray) -> None:
+        """Hand open units to the next step: they are not closed by ``end_step`` and not in ``observations``."""
+        unit_ids = np.asarray(unit_ids, np.int64)
+        self.units.status[unit_ids] = UnitStatus.CARRIED
+        self._inflight[unit_ids] = 0
+
+    def carry_in(self, pool_index: np.ndarray, rewards: list[np.ndarray], inflight: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Re-admit units carried from the previous step: their delivered ``rewards`` (one array per unit) are
+        replayed through ``observe`` (one probe, decided under this step's prior), ``inflight`` rollouts per unit are
+        still running. Call before any ``admit`` of the step.
+
+        Returns:
+            ``(unit_ids, closed, decisions)``: the new unit ids, and the units the replay closed.
+        """
+        ids = self.admit(np.asarray(pool_index, np.int64))  # type: ignore[attr-defined]
+        self._counters["units"] -= len(ids)  # type: ignore[attr-defined]  # admitted (and counted) once already
+        self._inflight[ids] = np.asarray(inflight, np.int64)
+        lens = np.fromiter((len(r) for r in rewards), np.int64, count=len(rewards))
+        if lens.sum() == 0:
+            return ids, np.zeros(0, np.int64), np.zeros(0, np.int8)
+        flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
+        closed, decisions = self.observe(np.repeat(ids, lens), flat)  # type: ignore[attr-defined]
+        self._counters["rollouts"] -= int(lens.sum())  # type: ignore[attr-defined]  # counted when delivered
+        return ids, closed, decisions
 
     def admit(self, pool_index: np.ndarray) -> np.ndarray:
         ids = super().admit(pool_index)  # type: ignore[misc]

@@ -18,6 +18,9 @@ class UnitStatus:
     COMMITTED = 2
     ABANDONED = 3
     DISCARDED = 4
+    CARRIED = 5
+    """Open at the step's end and handed to the next step by a streaming driver (``carry_out``): not closed, not in
+    this step's observations."""
 
 
 @dataclass

@@ -112,10 +112,15 @@ class TrainConfig(SaraModel):
     driver: Literal["sync", "stream"] = "sync"
     """Collection driver: 'sync' = ``sara.collect`` (synchronous batched rounds), 'stream' = ``sara.collect_stream``
     (rollout by rollout on a streaming backend: tiny, hf, vllm; rollouts still in flight when a step ends are aborted
-    and counted, never carried over). Allocators without the streaming API (uniform, ds, sara_tree) run in rounds
-    over the stream. See docs/streaming.md."""
+    and counted unless ``carry_lag`` carries them over). Allocators without the streaming API (uniform, ds,
+    sara_tree) run in rounds over the stream. See docs/streaming.md."""
     stream_slots: int | None = Field(None, ge=1)
     """driver 'stream': rollouts kept in flight at most (None = the backend's ``slots``)."""
+    carry_lag: int = Field(0, ge=0)
+    """driver 'stream': carry open units and their running rollouts into the next step while their oldest rollout is
+    at most this many weight updates old when trained on (0 = abort and discard them at the step's end). Stale
+    rollouts are trained with the generator's log-probs as old log-probs (the clipped ratio corrects their age). A
+    step that writes a checkpoint, and the run's last step, carry nothing, so resuming reproduces the run."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -156,6 +161,9 @@ class TrainConfig(SaraModel):
                 raise ValueError(f"field '{field}': {exc}") from None
         for field in ("policy", "backend"):
             self.component(field)  # type: ignore[arg-type]
+        if self.carry_lag and self.driver != "stream":
+            raise ValueError(f"field 'carry_lag': {self.carry_lag} needs driver 'stream' (set driver=stream, or "
+                             "carry_lag=0)")
         return self
 
     def component(self, field: Literal["policy", "backend"]) -> tuple[str, dict[str, Any]]:

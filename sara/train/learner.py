@@ -39,6 +39,7 @@ class Batch:
     rewards: Any  # [N]
     group_ids: Any  # [N]
     gen_logprobs: Any  # [N, R] log-probs reported by the generator
+    stale: Any = None  # [N] bool: started under older weights than the step's (carried over); None = none
 
     def rows(self, idx: Any) -> Batch:
         """The sub-batch of rollouts ``idx`` (a mini-batch)."""
@@ -46,11 +47,15 @@ class Batch:
 
         t = self.tokens
         return Batch(TokenBatch(t.input_ids[idx], t.attention_mask[idx], t.response_mask[idx]), self.resp_index[idx],
-                     self.response_mask[idx], self.rewards[idx], self.group_ids[idx], self.gen_logprobs[idx])
+                     self.response_mask[idx], self.rewards[idx], self.group_ids[idx], self.gen_logprobs[idx],
+                     None if self.stale is None else self.stale[idx])
 
 
-def make_batch(groups: Sequence[Any], device: Any = "cpu") -> Batch | None:
+def make_batch(groups: Sequence[Any], device: Any = "cpu", step: int | None = None) -> Batch | None:
     """Pad prompt + response tokens of the rollouts of ``groups`` (grouped by id, any group size); None if empty.
+
+    With ``step``, a rollout whose ``metadata["policy_step"]`` (set by a carrying streaming driver) is older is marked
+    ``stale`` (``Batch.stale``).
 
     Raises:
         RuntimeError: a rollout without prompt or completion token ids (the backend must return them).
@@ -85,7 +90,10 @@ def make_batch(groups: Sequence[Any], device: Any = "cpu") -> Batch | None:
     tokens = TokenBatch(input_ids=ids.to(device), attention_mask=attn.to(device), response_mask=full_mask.to(device))
     rewards = torch.tensor([r.reward for _, r in rows], dtype=torch.float32, device=device)
     gids = torch.tensor([gid for gid, _ in rows], dtype=torch.long, device=device)
-    return Batch(tokens, resp_index.to(device), resp_mask.to(device), rewards, gids, gen_lp.to(device))
+    # a stale rollout without generator log-probs keeps the trainer's (nothing to correct with)
+    old = [step is not None and bool(r.logprobs) and r.metadata.get("policy_step", step) < step for _, r in rows]
+    stale = torch.tensor(old, dtype=torch.bool, device=device) if any(old) else None
+    return Batch(tokens, resp_index.to(device), resp_mask.to(device), rewards, gids, gen_lp.to(device), stale)
 
 
 def lr_at(cfg: OptimConfig, optimizer_steps: int, horizon: int) -> float:
@@ -139,9 +147,9 @@ class Learner:
         return lr_at(self.optim, self.optimizer_steps, self.horizon)
 
     # ------------------------------------------------------------------------------------------------ phases
-    def make_batch(self, groups: Sequence[Any]) -> Batch | None:
-        """``make_batch`` on the policy's device."""
-        return make_batch(groups, self.device)
+    def make_batch(self, groups: Sequence[Any], step: int | None = None) -> Batch | None:
+        """``make_batch`` on the policy's device (``step``: mark older rollouts stale)."""
+        return make_batch(groups, self.device, step)
 
     def advantages(self, b: Batch) -> tuple[Any, Any, dict[str, Any]]:
         """Rollout-time log-probs (policy, reference) and values without gradient, then the algorithm's estimator.
@@ -160,9 +168,13 @@ class Learner:
         m = b.response_mask
         old_lp = out.logprobs
         values = out.values * m if out.values is not None else None
-        gen_gap = float(((old_lp - b.gen_logprobs).abs() * m).sum() / m.sum().clamp(min=1))
+        fresh = m if b.stale is None else m * (~b.stale)[:, None]
+        gen_gap = float(((old_lp - b.gen_logprobs).abs() * fresh).sum() / fresh.sum().clamp(min=1))
+        stale_share = 0.0 if b.stale is None else float(b.stale.float().mean())
+        if b.stale is not None:  # carried-over rollouts: their behaviour policy is the generator's, not today's weights
+            old_lp = torch.where(b.stale[:, None], b.gen_logprobs, old_lp)
         extra = {"old_logprobs": old_lp, "ref_logprobs": ref_lp, "values": values,
-                 "metrics": {"algo/gen_logprob_gap": gen_gap}}
+                 "metrics": {"algo/gen_logprob_gap": gen_gap, "algo/stale_fraction": stale_share}}
         advantages, returns = self.algo.compute_advantages(AdvantageInputs(
             rewards=b.rewards, group_ids=b.group_ids, response_mask=m, values=values, old_logprobs=old_lp,
             ref_logprobs=ref_lp))

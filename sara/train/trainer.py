@@ -109,6 +109,8 @@ class Trainer:
         self.skipped_checkpoints: list[str] = []  # newer checkpoints --resume could not use, and why
         self.last_checkpoint: Path | None = None
         self._saved_step = -1
+        self._carry: Any = None  # driver 'stream' with carry_lag: what the last step handed on (never checkpointed)
+        self._horizon = cfg.steps  # the running train() call's last step (no carry out of it)
         if resume:
             from sara.train.checkpoint import resume_checkpoint
 
@@ -138,15 +140,17 @@ class Trainer:
             # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds
             # (driver 'stream': rollout by rollout on a streaming backend, sara.collect_stream).
             with timer("collect"):
-                stream = {"max_inflight": cfg.stream_slots} if cfg.driver == "stream" else None
+                stream = ({"max_inflight": cfg.stream_slots, "carry": self._carry, "carry_lag": self._carry_lag()}
+                          if cfg.driver == "stream" else None)
                 result = (collect_stream if stream else collect)(
                     self.allocator, self.env, self.sampler, target_groups=cfg.groups_per_step,
                     max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, observers=[self.verifier_health],
                     **(stream or {}))
+                self._carry = result.carry
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
             # 2. Advantages: rollout-time log-probs (old, reference), values, then the algorithm's estimator.
             with timer("advantages"):
-                batch = learner.make_batch(result.groups)
+                batch = learner.make_batch(result.groups, step=self.step)
                 advantages, returns, extra = learner.advantages(batch) if batch is not None else (None, None, {})
             # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
             with timer("update"):
@@ -176,7 +180,7 @@ class Trainer:
         from sara.train.guards import StopSignals
 
         cfg = self.config
-        total = cfg.steps if steps is None else steps
+        total = self._horizon = cfg.steps if steps is None else steps
         logger = MetricsLogger(self.out_dir, total_steps=total, progress=cfg.progress and log,
                                tensorboard=cfg.tensorboard if log else False,
                                resume_step=self.step if self.resumed_from is not None else None,
@@ -220,6 +224,21 @@ class Trainer:
         b = self.config.rollout_budget
         return b is not None and self.totals["rollouts"] >= b
 
+    def _carry_lag(self) -> int:
+        """``carry_lag`` for the step about to run: 0 when it writes a checkpoint or is the run's last (a checkpoint
+        holds no carried work, so a resumed run equals the uninterrupted one)."""
+        cfg, nxt = self.config, self.step + 1
+        boundary = (cfg.checkpoint_every and nxt % cfg.checkpoint_every == 0) or nxt >= self._horizon
+        return 0 if boundary else cfg.carry_lag
+
+    def release_carry(self) -> None:
+        """Abort the rollouts the last step left running for the next one (before a checkpoint, at the run's end)."""
+        from sara.collect_stream import release_carry
+
+        if self._carry is not None:
+            release_carry(self.env, self._carry)
+            self._carry = None
+
     def _step_budget(self) -> int | None:
         caps = [c for c in (self.config.max_rollouts_per_step,
                             None if self.config.rollout_budget is None
@@ -253,28 +272,13 @@ class Trainer:
                 "train/weights_version": float(self.version)}
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out accuracy with fixed seeds: ``eval/acc_sample`` (training temperature) and ``eval/acc_greedy``."""
-        from sara.seeding import derive_seeds
-        from sara.types import RolloutRequest
+        """Held-out accuracy with fixed seeds: ``eval/acc_sample`` (training temperature) and ``eval/acc_greedy``
+        (``sara.train.evaluate``)."""
+        from sara.train.evaluate import held_out_accuracy
 
-        ec = self.config.eval
-        if self.eval_env is None:  # the task has no held-out prompts
-            return {}
-        t0 = time.perf_counter()
-        prompts = list(self.eval_env.prompts[: ec.num_prompts])
-        seeds = derive_seeds(self.config.seed, 0xE7A1, np.arange(len(prompts))[:, None], np.arange(ec.samples)[None])
-        reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=tuple(int(x) for x in seeds[i]))
-                for i, p in enumerate(prompts)]
-        per_prompt = np.array([[r.reward for r in rs] for rs in self.eval_env.rollout(reqs)]).mean(1)
-        out = {"eval/acc_sample": float(per_prompt.mean()),
-               "eval/frac_prompts_mixed": float(((per_prompt > 0) & (per_prompt < 1)).mean()),
-               "eval/frac_prompts_solved": float((per_prompt == 1).mean()),
-               "eval/frac_prompts_unsolved": float((per_prompt == 0).mean())}
-        if ec.greedy:
-            reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=(0,)) for i, p in enumerate(prompts)]
-            out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in self.greedy_env.rollout(reqs)]))  # type: ignore[union-attr]
-        out["time/eval"] = time.perf_counter() - t0
-        self.evals.append({"step": float(self.step), **out})
+        out = held_out_accuracy(self.config, self.eval_env, self.greedy_env)
+        if out:
+            self.evals.append({"step": float(self.step), **out})
         return out
 
     def summary(self, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
@@ -318,6 +322,7 @@ class Trainer:
         failed write (``OSError``: disk full) keeps the previous ones, warns saying so, returns None; training goes on."""
         from sara.train import checkpoint as ck
 
+        self.release_carry()  # carried work is engine state, not checkpointed (a mid-carry save drops it)
         directory = self.out_dir / "checkpoints"
         path = ck.checkpoint_path(directory, self.step)
         if self._saved_step == self.step and path.is_file():
@@ -361,6 +366,7 @@ class Trainer:
 
     def close(self) -> None:
         """Stop verifier workers and the backend."""
+        self.release_carry()
         for env in (self.env, self.eval_env, self.greedy_env):
             if env is not None:
                 env.close()
