@@ -25,7 +25,8 @@ def test_parse_allocators_splits_on_semicolons_and_reads_the_stream_suffix():
         ("ds", "sync"), ("sara:tau_low=0.3,probe=2/1", "sync"), ("sara", "stream")]
     assert parse_allocators(" sara_async:max_inflight=4 +stream ; ds ;") == [
         ("sara_async:max_inflight=4", "stream"), ("ds", "sync")]
-    for bad in ("", ";", "ds;;sara", "+stream"):
+    assert parse_allocators("sara+carry;ds") == [("sara", "carry"), ("ds", "sync")]
+    for bad in ("", ";", "ds;;sara", "+stream", "+carry"):
         with pytest.raises(ConfigError, match="field 'allocators'"):
             parse_allocators(bad)
 
@@ -77,7 +78,7 @@ def test_a_streaming_spec_on_a_backend_that_cannot_stream_names_the_field(tiny):
 def _check_report(report, specs):
     assert set(report) == {"backend", "task", "config", "results"}
     assert json.loads(json.dumps(report)) == report  # plain JSON
-    assert [r["allocator"] + ("+stream" if r["driver"] == "stream" else "") for r in report["results"]] == specs
+    assert [r["allocator"] + ("" if r["driver"] == "sync" else f"+{r['driver']}") for r in report["results"]] == specs
     for r in report["results"]:
         assert set(FIELDS) <= set(r), set(FIELDS) - set(r)
         assert r["tokens"] > 0 and r["rollouts"] > 0 and r["wall_seconds"] > 0 and r["effective_groups"] > 0
@@ -109,12 +110,26 @@ def test_sync_report_on_the_tiny_backend(tiny):
 
 
 def test_default_run_on_the_tiny_backend_streams(tiny):
-    """The default comparison (ds; sara; sara+stream) built from the config alone: the streaming entry is driven by
-    collect_stream (its tokens include the aborted rollouts' partial tokens)."""
-    report = run_generation_bench(dict(groups=2, k=4, steps=1))
-    _check_report(report, ["ds", "sara", "sara+stream"])
-    stream = report["results"][2]
+    """The default comparison (ds; sara; sara+stream; sara+carry) built from the config alone: the streaming entries
+    are driven by collect_stream (their tokens include the aborted rollouts' partial tokens). (That carrying keeps
+    the engine busier is tested deterministically in tests/test_stream_carry.py; here occupancy is wall-weighted.)"""
+    report = run_generation_bench(dict(groups=2, k=4, steps=2))
+    _check_report(report, ["ds", "sara", "sara+stream", "sara+carry"])
+    stream, carry = report["results"][2:]
     assert stream["driver"] == "stream" and stream["aborted_tokens"] <= stream["tokens"]
+    assert carry["driver"] == "carry" and carry["mean_inflight"] > 0
+    assert carry["aborted_tokens"] <= carry["tokens"]
+
+
+def test_a_carrying_spec_leaves_nothing_running_and_regenerates_what_it_delivered(tiny):
+    task, backend = tiny
+    report = run_generation_bench(dict(allocators=["ds", "sara+carry"], groups=2, k=4, steps=3, task=TASK),
+                                  backend=backend, task=task)
+    _check_report(report, ["ds", "sara+carry"])
+    assert backend.inflight() == 0  # the last step's carry was aborted (and counted)
+    carry = report["results"][1]
+    # every delivered rollout in a closed group is regenerated in the full batches (the last carry's are not)
+    assert 0 < carry["full_batch_tokens"] <= carry["tokens"]
 
 
 

@@ -3,7 +3,10 @@
 Every allocator spec runs ``steps`` collection steps of ``groups`` target groups on ONE backend instance (weights
 fixed, no training), with the same task prompts, prompt sampler seed and rollout seeds. A spec is run by
 ``sara.collect.collect`` (synchronous rounds) or, with the ``+stream`` suffix, by ``sara.collect_stream`` (per-rollout
-decisions on a continuously batched engine). After each step, the step's delivered rollouts (same prompts, same seeds,
+decisions on a continuously batched engine), with ``+carry`` by ``sara.collect_stream`` with carry-over (``carry_lag``:
+open units and running rollouts move into the next step; such a spec runs its steps back to back, since what it
+leaves running belongs on the engine between its own steps, and what is left after its last step is aborted and
+counted). After each step, the step's delivered rollouts (same prompts, same seeds,
 same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's full-batch throughput on the same
 work, measured in the same run. Allocators are interleaved step by step (step 0 of every spec, then step 1, ...), so
 load that drifts during the run slows all of them alike.
@@ -39,6 +42,8 @@ __all__ = ["GenerationBenchConfig", "STREAM_SUFFIX", "DEFAULT_TASKS", "parse_all
 
 STREAM_SUFFIX = "+stream"
 """An allocator spec ending in this runs under ``collect_stream`` instead of ``collect``."""
+CARRY_SUFFIX = "+carry"
+"""An allocator spec ending in this runs under ``collect_stream`` with carry-over (``carry_lag``)."""
 BACKEND_NAMES = ("tiny", "hf", "vllm")
 DEFAULT_TASKS = {
     # the tiny policy on the task it was first tuned on (sara train's default before the mixture pool)
@@ -57,8 +62,11 @@ class GenerationBenchConfig(SaraModel):
     backend: str = "tiny"
     """Backend spec: ``tiny``, ``hf`` or ``vllm``, with options (``hf:dtype=float32,max_batch_size=32``); the real
     backends load the prepared ``smollm2`` model unless ``model=`` is given."""
-    allocators: list[str] = Field(default_factory=lambda: ["ds", "sara", "sara+stream"])
-    """Allocator specs (``sara.allocators.make_allocator``), each optionally suffixed ``+stream``."""
+    allocators: list[str] = Field(default_factory=lambda: ["ds", "sara", "sara+stream", "sara+carry"])
+    """Allocator specs (``sara.allocators.make_allocator``), each optionally suffixed ``+stream`` (streaming driver)
+    or ``+carry`` (streaming driver with carry-over)."""
+    carry_lag: int = Field(1, ge=1)
+    """``+carry`` specs: steps a carried unit may lag (``collect_stream``'s ``carry_lag``)."""
     task: str | None = None
     """Task spec (None = ``DEFAULT_TASKS[backend]``)."""
     groups: int = Field(32, ge=1)
@@ -97,19 +105,21 @@ class GenerationBenchConfig(SaraModel):
 
 
 def split_driver(spec: str) -> tuple[str, str]:
-    """``"sara:tau_low=0.3+stream"`` -> ``("sara:tau_low=0.3", "stream")``; without the suffix the driver is
-    ``"sync"``."""
+    """``"sara:tau_low=0.3+stream"`` -> ``("sara:tau_low=0.3", "stream")`` (``+carry`` -> ``"carry"``); without a
+    suffix the driver is ``"sync"``."""
     spec = spec.strip()
-    if spec.endswith(STREAM_SUFFIX):
-        return spec[: -len(STREAM_SUFFIX)].strip(), "stream"
+    for suffix, driver in ((STREAM_SUFFIX, "stream"), (CARRY_SUFFIX, "carry")):
+        if spec.endswith(suffix):
+            return spec[: -len(suffix)].strip(), driver
     return spec, "sync"
 
 
 def parse_allocators(text: str) -> list[tuple[str, str]]:
-    """Parse the ``--allocators`` value: ``;``-separated allocator specs, each optionally suffixed ``+stream``.
+    """Parse the ``--allocators`` value: ``;``-separated allocator specs, each optionally suffixed ``+stream`` or
+    ``+carry``.
 
     Returns:
-        ``[(allocator spec, driver), ...]`` with driver ``"sync"`` or ``"stream"``.
+        ``[(allocator spec, driver), ...]`` with driver ``"sync"``, ``"stream"`` or ``"carry"``.
 
     Raises:
         ConfigError: an empty list or an empty spec.
@@ -148,7 +158,7 @@ def _build(cfg: GenerationBenchConfig) -> tuple[Any, Any, str]:
     task = make_task(task_spec)
     if cfg.slots is not None:
         options.setdefault(SLOT_OPTIONS[name], cfg.slots)
-    if name == "vllm" and any(split_driver(s)[1] == "stream" for s in cfg.allocators):
+    if name == "vllm" and any(split_driver(s)[1] != "sync" for s in cfg.allocators):
         options.setdefault("engine", "async")  # the streaming engine (AsyncLLM); sync specs use its generate
     if name == "tiny":
         from sara.policies import POLICIES
@@ -164,7 +174,7 @@ def _check_streaming(cfg: GenerationBenchConfig, backend: Any, env: Any) -> None
     """A ``ConfigError`` naming ``allocators`` when a ``+stream`` spec meets a backend that cannot stream."""
     from sara.collect_stream import streams
 
-    streamed = [s for s in cfg.allocators if split_driver(s)[1] == "stream"]
+    streamed = [s for s in cfg.allocators if split_driver(s)[1] != "sync"]
     if streamed and not streams(env):
         raise ConfigError(f"bench generation: field 'allocators': {streamed[0]!r} runs under the streaming driver "
                           f"and backend {cfg.backend!r} ({type(backend).__name__}) cannot stream (no submit / poll / "
@@ -212,6 +222,8 @@ class _Run:
         self.allocator = make_allocator(spec, k=cfg.k)
         self.sampler = make_sampler(cfg.sampler, len(env.prompts), seed=cfg.seed, k=self.allocator.k)
         self.rec = _Recorder(env)
+        self.carry: Any = None  # driver 'carry': what the last step left running
+        self.pending: list[Any] = []  # driver 'carry': steps whose full batch waits until nothing runs any more
         self.acc = dict(tokens=0, rollouts=0, effective_groups=0, aborted_rollouts=0, aborted_tokens=0,
                         wall_seconds=0.0, full_tokens=0, full_seconds=0.0, inflight_weighted=0.0,
                         generate_seconds=0.0, score_seconds=0.0)
@@ -224,11 +236,13 @@ class _Run:
         _reset_cache(backend)
         m0 = env.metrics()
         t0 = time.perf_counter()
-        if self.driver == "stream":
+        if self.driver != "sync":
             from sara.collect_stream import collect_stream
 
             res = collect_stream(self.allocator, env, self.sampler, target_groups=cfg.groups, max_inflight=cfg.slots,
-                                 seed=cfg.seed, step=step)
+                                 seed=cfg.seed, step=step, carry=self.carry,
+                                 carry_lag=cfg.carry_lag if self.driver == "carry" else 0)
+            self.carry = res.carry
         else:
             res = collect(self.allocator, self.rec, self.sampler, target_groups=cfg.groups, seed=cfg.seed, step=step)
         wall = time.perf_counter() - t0
@@ -243,19 +257,33 @@ class _Run:
         acc["inflight_weighted"] += st.mean_inflight * wall
         acc["generate_seconds"] += m1["env/generate_seconds"] - m0["env/generate_seconds"]
         acc["score_seconds"] += m1["env/score_seconds"] - m0["env/score_seconds"]
-        _reset_cache(backend)
-        tok, sec = _full_batch(backend, env, res)
-        acc["full_tokens"] += tok
-        acc["full_seconds"] += sec
         if log is not None:
             log(f"{self.spec} ({self.driver}) step {step + 1}/{cfg.steps}: {st.rollouts} rollouts, "
-                f"{st.effective_groups} effective groups, {st.tokens + st.aborted_tokens} tokens in {wall:.1f} s; "
-                f"full batch {tok} tokens in {sec:.1f} s")
+                f"{st.effective_groups} effective groups, {st.tokens + st.aborted_tokens} tokens in {wall:.1f} s")
+        self.pending.append(res)
+        if self.driver == "carry" and step + 1 < cfg.steps:
+            return  # its rollouts still run on the engine: the full batches wait for the last step
+        if self.carry is not None:  # the last step: what it left running is aborted (waste, counted)
+            from sara.collect_stream import release_carry
+
+            t0 = time.perf_counter()
+            left = release_carry(env, self.carry)
+            acc["wall_seconds"] += time.perf_counter() - t0
+            acc["tokens"] += left
+            acc["aborted_tokens"] += left
+            acc["aborted_rollouts"] += len(self.carry.live)
+            self.carry = None
+        for done in self.pending:
+            _reset_cache(backend)
+            tok, sec = _full_batch(backend, env, done)
+            acc["full_tokens"] += tok
+            acc["full_seconds"] += sec
+        self.pending = []
 
     def result(self) -> dict[str, Any]:
         """This allocator's entry of the report (the ratios to DS are filled in by ``_ratios_vs_ds``)."""
         acc, rec = self.acc, self.rec
-        if self.driver == "stream":
+        if self.driver != "sync":
             mean_inflight = acc["inflight_weighted"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
         else:
             mean_inflight = rec.tokens / rec.decode_steps if rec.decode_steps else 0.0
@@ -321,8 +349,12 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
             _check_streaming(cfg, backend, env)
             backend.generate([_warm_request(env)], sampling)  # warm-up (first-call set-up, not measured)
             runs = [_Run(cfg, spec, driver, env) for spec, driver in (split_driver(s) for s in cfg.allocators)]
-            for step in range(cfg.steps):
+            for step in range(cfg.steps):  # interleaved step by step, except specs that carry work over
                 for run in runs:
+                    if run.driver != "carry":
+                        run.step(step, backend, env, log)
+            for run in runs:
+                for step in range(cfg.steps) if run.driver == "carry" else ():
                     run.step(step, backend, env, log)
             results = [run.result() for run in runs]
     finally:

@@ -52,9 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(sync rounds vs streaming), against one full batch of the same rollouts",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g.add_argument("--backend", default="tiny", help="tiny | hf | vllm, with options (hf:dtype=float32,...)")
-    g.add_argument("--allocators", default="ds;sara;sara+stream",
+    g.add_argument("--allocators", default="ds;sara;sara+stream;sara+carry",
                    help="allocator specs separated by ';'; a spec ending in '+stream' runs under the streaming driver "
-                        "(sara.collect_stream) instead of synchronous rounds (sara.collect)")
+                        "(sara.collect_stream) instead of synchronous rounds (sara.collect), one ending in '+carry' "
+                        "under the streaming driver with carry-over into the next step")
+    g.add_argument("--carry-lag", type=int, default=1, help="'+carry' specs: steps a carried unit may lag")
     g.add_argument("--task", default=None, help="task spec (default: the tiny policy's task for tiny; 1-digit sums "
                    "for hf / vllm)")
     g.add_argument("--groups", type=int, default=32, help="target groups per collection step")
@@ -118,10 +120,11 @@ def _generation(args: argparse.Namespace) -> int:
         write_json,
     )
 
-    specs = [spec + ("+stream" if driver == "stream" else "") for spec, driver in parse_allocators(args.allocators)]
+    specs = [spec + ("" if driver == "sync" else f"+{driver}") for spec, driver in parse_allocators(args.allocators)]
     cfg = validate_config(GenerationBenchConfig, dict(
         backend=args.backend, allocators=specs, task=args.task, groups=args.groups, k=args.k, steps=args.steps,
-        seed=args.seed, slots=args.slots, max_new_tokens=args.max_new_tokens), what="bench generation")
+        seed=args.seed, slots=args.slots, max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag),
+        what="bench generation")
     report = run_generation_bench(cfg, log=lambda line: print(f"[bench generation] {line}", file=sys.stderr,
                                                                flush=True))
     print(format_table(report))
