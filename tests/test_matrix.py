@@ -128,7 +128,7 @@ def _synthetic_runs():
                           "tokens": [0, 1000, 2000, 3000][:n], "wall_s": [0, 1, 2, 3][:n], "acc": acc}}
 
     return [(ds, run(0, [0.5, 0.55, 0.6, 0.6])), (ds, run(1, [0.5, 0.6, 0.65, 0.7])),
-            (sara, run(0, [0.5, 0.6, 0.7, 0.7])), (sara, run(1, [0.5, 0.7, 0.7, 0.75]))]
+            (sara, run(0, [0.5, 0.6, 0.7, 0.7], effective=12)), (sara, run(1, [0.5, 0.7, 0.7, 0.75], effective=6))]
 
 
 def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
@@ -146,7 +146,11 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
     assert sara["aggregate"]["final_acc"]["half"] == pytest.approx(t_interval([0.7, 0.75])[1])
     assert [r["seed"] for r in sara["runs"]] == [0, 1] and "measures" in sara["runs"][0]
     assert sara["band"]["lo"][0] == 0.5 and sara["band"]["hi"][-1] == 0.75
+    # training seconds per effective group: 3 s over 12 and over 6 groups
+    assert sara["aggregate"]["wall_s_per_effective_group"]["mean"] == pytest.approx((3 / 12 + 3 / 6) / 2)
+    assert ds["aggregate"]["wall_s_per_effective_group"]["mean"] == pytest.approx(0.3)
     text = format_report(report)
+    assert "train s / eff. group" in text and "| 0.30 ± 0.00 |" in text
     assert "| **ds** (ref) |" in text and "1/2" in text and "2/2" in text
     assert "0.725 ± " in text and "≥ 250 ± " in text and "0.45*" in text
     assert "0.0238" in text and "0.0477" in text  # sqrt(.65 x .35 / 400), sqrt(.65 x .35 / 100)
@@ -248,3 +252,23 @@ def test_quick_matrix_runs_the_continuous_and_text_tree_allocators(tmp_path):
         assert r["effective_groups"] == r["committed_groups"] > 0
     tree, flat = by["sara_tree:node_prefix=true"], by["sara_continuous"]
     assert tree["rollouts"] == flat["rollouts"] and tree["tokens"] < 0.95 * flat["tokens"]
+
+
+@pytest.mark.slow
+def test_driver_stream_runs_every_cell_on_the_streaming_driver(tmp_path):
+    """``--driver stream``: cells collect with ``sara.collect_stream`` (occupancy is only measured there); the table
+    reports training seconds per effective group."""
+    pytest.importorskip("torch")
+    from sara.cli import main
+    from sara.metrics import read_jsonl
+
+    out = tmp_path / "matrix"
+    assert main(["matrix", "--quick", "--algos", "grpo", "--allocators", "sara", "--driver", "stream",
+                 "--out", str(out)]) == 0
+    logs = sorted(out.glob("cells/*/seed*/metrics.jsonl"))
+    assert len(logs) == 2  # sara and the reference ds
+    for path in logs:
+        steps = read_jsonl(path)[1:]
+        assert steps and all(r["alloc/mean_inflight"] > 0 for r in steps), path
+    table = (out / "matrix.md").read_text()
+    assert "train s / eff. group" in table and "--set driver=stream" in table

@@ -21,6 +21,7 @@ from sara.bench.curves import (
     band,
     eval_standard_errors,
     seed_measures,
+    t_interval,
 )
 from sara.bench.summary import group_ratios
 
@@ -77,6 +78,10 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
         measured = [seed_measures(r["curve"], target=target, budget=budget) for r in rs]
         agg = aggregate_measures(measured)
         agg["effective_fraction"] = group_ratios(rs)["effective_fraction"]
+        per_group = [r["curve"]["wall_s"][-1] / r["effective_groups"] if r.get("effective_groups") else math.nan
+                     for r in rs]  # training seconds (no evaluation) per effective group, per seed
+        mean, half = t_interval(per_group)
+        agg["wall_s_per_effective_group"] = {"mean": mean, "half": half}
         cells.append({"algo": algo, "cell": cell.spec, "allocator": cell.allocator, "sampler": cell.sampler,
                       "name": cell.name, "is_reference": cell.spec == reference,
                       "runs": [{**{k: r[k] for k in _RAW if k in r}, "measures": m} for r, m in zip(rs, measured)],
@@ -134,8 +139,8 @@ def format_report(report: Mapping[str, Any]) -> str:
                          f"so the true SE lies between that and {se['prompt_clustered_bound']:.4f} "
                          "(sqrt(p(1-p)/prompts)).")
         lines += ["", "| cell | final acc | " + " | ".join(f"acc @{100 * f:.0f}%" for f in fr) +
-                  " | AUC | reached | rollouts to target | × ref | tokens to target | train s to target | eff. frac |",
-                  "|---" * (9 + len(fr)) + "|"]
+                  " | AUC | reached | rollouts to target | × ref | tokens to target | train s to target | train s / eff. group "
+                  "| eff. frac |", "|---" * (10 + len(fr)) + "|"]
         for c in (c for c in report["cells"] if c["algo"] == algo):
             a = c["aggregate"]
             cens = "≥ " if a["reached"] < a["n"] else ""
@@ -145,7 +150,8 @@ def format_report(report: Mapping[str, Any]) -> str:
                 f"| {name}", _ci(a["final_acc"], ".3f"), *(_ci(a["acc_at"][str(f)], ".3f") for f in fr),
                 _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", _ci(a["rollouts_to_target"], ",.0f", cens),
                 _ratio(ratio, a["reached"] < a["n"] or ref_censored[algo]), _ci(a["tokens_to_target"], ",.0f", cens),
-                _ci(a["wall_s_to_target"], ".1f", cens), f"{a['effective_fraction']:.2f} |"]))
+                _ci(a["wall_s_to_target"], ".1f", cens), _ci(a["wall_s_per_effective_group"], ".2f"),
+                f"{a['effective_fraction']:.2f} |"]))
     lines += ["", "How the columns are computed:",
               "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
               "cumulative rollouts curve at X% of the budget, linear between evaluations; final acc: the last "
@@ -156,8 +162,9 @@ def format_report(report: Mapping[str, Any]) -> str:
               "× ref: the mean rollouts to target over the reference cell's (same target, same censoring; * = either side "
               "has a censored seed, so the ratio is of lower bounds and bounds nothing).",
               "- train s: training wall-clock (collect, advantages, update, sync), without evaluation; runs share "
-              "the machine's cores, so seconds compare within one matrix only. eff. frac: effective / committed "
-              "groups over all seeds."]
+              "the machine's cores, so seconds compare within one matrix only. train s / eff. group: a run's "
+              "training seconds over its effective groups (the streaming driver, `--driver stream`, shows up "
+              "here). eff. frac: effective / committed groups over all seeds."]
     return "\n".join(lines) + "\n"
 
 

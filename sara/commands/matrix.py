@@ -55,6 +55,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="base TrainConfig (YAML/JSON) shared by every cell")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                    help="override a base config field (repeatable)")
+    p.add_argument("--driver", choices=("sync", "stream"), default=None,
+                   help="collection driver of every cell (TrainConfig.driver; default: the config's, sync)")
     p.add_argument("--workers", type=int, default=None, help="parallel runs (default: one per core)")
     p.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/matrix)")
     p.set_defaults(func=run)
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     parse_cells(["grpo"], [reference])  # the ALLOCATOR[@SAMPLER] form
     steps = args.steps or (6 if args.quick else 20)
     base = load_config(args.config, [], base=apply_overrides(QUICK, []) if args.quick else None)
+    if args.driver:
+        args.overrides = [*args.overrides, f"driver={args.driver}"]
     base = load_config(None, args.overrides, base=base.model_dump())
     out = Path(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"))
     every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
