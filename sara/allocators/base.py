@@ -125,6 +125,9 @@ class BudgetAllocator(ABC):
 
     name: ClassVar[str] = "base"
     Config: ClassVar[type[AllocatorConfig]] = AllocatorConfig
+    lookahead: int = 0
+    """Groups wanted beyond the target: a streaming driver that carries open units into the next step sets it for
+    the step (``sara.collect_stream``); 0 otherwise."""
 
     def __init__(self, config: AllocatorConfig | Mapping[str, Any] | None = None, **overrides: Any) -> None:
         if config is None or isinstance(config, Mapping):
@@ -231,9 +234,10 @@ class BudgetAllocator(ABC):
         return max(0, -(-spare // self.k))  # ceil: the last unit may get a partial budget (cut by collect)
 
     def _needed(self) -> int:
-        """Groups still needed: target minus units committed or committed-and-filling."""
+        """Groups still needed: target (+ ``lookahead``) minus units committed or committed-and-filling."""
         st = self.units.status
-        return max(0, self.target_groups - int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum()))
+        won = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum())
+        return max(0, self.target_groups + self.lookahead - won)
 
     # ---- state ---------------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

@@ -44,19 +44,10 @@ class StreamingMixin:
     units: Any
     k: int
 
-    lookahead: int = 0
-    """Groups wanted beyond the target (streaming drivers that carry open units into the next step set it per step)."""
-
     def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
         super().begin_step(target_groups, step, max_rollouts)  # type: ignore[misc]
         self._inflight = np.zeros(0, np.int64)
-        self.lookahead = 0
-
-    def _needed(self) -> int:
-        """Groups still needed: target + ``lookahead`` minus units committed or committed-and-filling."""
-        st = self.units.status
-        won = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum())
-        return max(0, self.target_groups + self.lookahead - won)  # type: ignore[attr-defined]
+        self.lookahead = 0  # a carrying driver sets it after begin_step
 
     def carry_out(self, unit_ids: np.ndarray) -> None:
         """Hand open units to the next step: they are not closed by ``end_step`` and not in ``observations``."""
