@@ -167,8 +167,8 @@ def test_sara_at_predictive_in_the_benchmark_reads_the_history(monkeypatch):
     seen = []
     real = allocation.compose
 
-    def spy(a, s):
-        out = real(a, s)
+    def spy(a, s, prompts=None):
+        out = real(a, s, prompts)
         seen.append(type(out[0].prior).__name__ if hasattr(out[0], "prior") else None)
         return out
 

@@ -7,6 +7,7 @@ class without registering it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sara.allocators.base import (
@@ -92,13 +93,17 @@ def make_allocator(spec: str | BudgetAllocator, **defaults: Any) -> BudgetAlloca
     return cls(merged)
 
 
-def compose(allocator: BudgetAllocator, sampler: PromptSampler) -> tuple[BudgetAllocator, PromptSampler]:
+def compose(allocator: BudgetAllocator, sampler: PromptSampler,
+            prompts: Sequence[Any] | None = None) -> tuple[BudgetAllocator, PromptSampler]:
     """Wire an allocator to the sampler it runs with: the one place where the two are composed.
 
     A sampler that keeps per-prompt posteriors (``posterior``, a ``HistoryPrior``: the predictive sampler) lends them
     to an allocator that can use them (``borrow_history``: ``sara``) unless the allocator's spec set ``prior``. So
     ``allocator=sara`` with ``sampler=predictive`` is SARA + predictive selection, each prompt's prior being the
     sampler's history; ``sara:prior=constant`` with the same sampler keeps its own prior.
+
+    With the pool's ``prompts`` (indexed by pool index), an allocator that splits its population prior by a prompt
+    feature (``group_prompts``: ``sara:group_by=KEY``) gets them.
 
     Returns:
         ``(allocator, sampler)``, the same objects (the allocator's prior possibly replaced).
@@ -109,4 +114,10 @@ def compose(allocator: BudgetAllocator, sampler: PromptSampler) -> tuple[BudgetA
     borrow = getattr(allocator, "borrow_history", None)
     if isinstance(history, HistoryPrior) and borrow is not None:
         borrow(history)
+    group = getattr(allocator, "group_prompts", None)
+    if group is not None and prompts is not None:
+        group(prompts)
+    elif getattr(getattr(allocator, "config", None), "group_by", None) is not None:
+        raise ConfigError(f"{getattr(allocator, 'name', 'allocator')}: field 'group_by' needs the pool's prompts: "
+                          "call compose(allocator, sampler, prompts=env.prompts)")
     return allocator, sampler

@@ -246,7 +246,10 @@ class BudgetAllocator(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Cross-step state (config, counters, step, and subclass extras). Picklable, numpy/str/float only."""
-        return {"config": self.config.model_dump(), "counters": dict(self._counters), "step": self.step}
+        # Only the fields the user set: re-validating a full dump would mark defaults as given (SARA reads a given
+        # tau_low as "the paper rule").
+        return {"config": self.config.model_dump(exclude_unset=True), "counters": dict(self._counters),
+                "step": self.step}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.config = self.Config.model_validate(state["config"])

@@ -17,7 +17,7 @@ allocator whose spec does not set ``prior`` (SARA + predictive selection in one 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -61,6 +61,16 @@ class SARAConfig(SequentialConfig):
     docs/allocation.md for the measurements behind the value)."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
+    group_by: str | None = None
+    """Optimal rule: a ``Prompt.metadata`` key whose values split the population prior into groups (one grid mixture
+    per value, shrunk toward the pooled fit, one optimum across them; ``sara.allocators.grouped``), e.g.
+    ``component`` (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH). Needs the pool's
+    prompts, which ``sara.allocators.compose(..., prompts=)`` hands over (the trainer and the benches do). None: one
+    population."""
+    drain: bool = True
+    """Optimal rule: once the step's target is covered, finish the units still probing whose remaining rollouts buy
+    effective groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group,
+    but every drained group that mixes is surplus over the target: a larger batch, not another step."""
     max_evidence: float = Field(64.0, gt=0.0)
     """History prior only: cap on a prompt's decayed pseudo-count, so stale evidence cannot outweigh what the running
     step sees when the policy has moved (lower under fast drift)."""
@@ -69,6 +79,8 @@ class SARAConfig(SequentialConfig):
     def _check_taus(self) -> SARAConfig:
         if self.tau_low > self.tau_high:
             raise ValueError(f"tau_low ({self.tau_low}) must be <= tau_high ({self.tau_high}); lower tau_low or raise tau_high")
+        if self.group_by is not None and self.resolved_rule() != "optimal":
+            raise ValueError("group_by splits the optimal rule's population prior; drop it or use rule=optimal")
         if self.rule == "optimal" and {"tau_low", "tau_high"} & self.model_fields_set:
             raise ValueError("tau_low / tau_high are the paper rule's thresholds; drop them or use rule=paper")
         return self
@@ -134,9 +146,28 @@ class SARAAllocator(SequentialAllocator):
         self.prior_kind = "history"
         return True
 
+    def group_prompts(self, prompts: Sequence[Any]) -> bool:
+        """Split the population prior by ``Prompt.metadata[group_by]`` over the pool ``prompts`` (indexed by pool
+        index). Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset."""
+        if self.config.group_by is None or self.rule != "optimal":
+            return False
+        from sara.allocators.grouped import GroupedGridPrior, group_labels
+        from sara.allocators.stopping import GridPrior
+
+        labels, names = group_labels(prompts, self.config.group_by)
+        holder = self.prior if isinstance(self.prior, GridPrior) else getattr(self.prior, "base", None)
+        if not isinstance(holder, GridPrior):
+            raise TypeError(f"sara: group_by needs a grid prior to split, got {type(holder).__name__}")
+        grouped = GroupedGridPrior.like(holder, labels, names)
+        if holder is self.prior:
+            self.prior = grouped
+        else:
+            self.prior.base = grouped  # type: ignore[union-attr]
+        return True
+
     def drain(self, units: UnitView) -> np.ndarray:
         """Optimal rule: finish the units in flight whose remaining rollouts buy effective groups below the optimum."""
-        if self.rule != "optimal":
+        if self.rule != "optimal" or not self.config.drain:
             return super().drain(units)
         from sara.allocators.stopping import drain_decisions
 

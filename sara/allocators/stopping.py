@@ -224,6 +224,14 @@ class GridPrior(Prior):
             self._rho_cache = (key, k, solve_rho(self.weights, self.grid, k)[0])
         return self._rho_cache[2], *optimal_tables(self.weights[None], self.grid, k, self._rho_cache[2])
 
+    def unit_groups(self, pool_index: np.ndarray) -> np.ndarray:
+        """Group index of each pool index (one population: all 0; ``GroupedGridPrior`` has several)."""
+        return np.zeros(len(pool_index), np.int64)
+
+    def group_weights(self) -> np.ndarray:
+        """``[groups, G]`` grid weights of every group (here one row, the population)."""
+        return self.weights[None]
+
     # ---- Prior interface -----------------------------------------------------------------------------------------
     def params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
         a, b = self.mean_params()
@@ -250,7 +258,8 @@ class GridPrior(Prior):
 
 
 def optimal_decisions(base: GridPrior, units: UnitView) -> np.ndarray:
-    """ABANDON / CONTINUE for unmixed prefixes: the population's rho prices each unit under its own posterior."""
+    """ABANDON / CONTINUE for unmixed prefixes: the population's rho prices each unit under its own posterior (its
+    group's weights, times its own history's likelihood when it has one)."""
     k = units.k
     rho, ab_f, ab_s = base.rho(k)
     table = units.table
@@ -258,13 +267,14 @@ def optimal_decisions(base: GridPrior, units: UnitView) -> np.ndarray:
     hf = table.prior.get("hist_f")
     n = np.minimum(units.n, k)
     fail = np.rint(units.s) == 0
+    group = base.unit_groups(table.pool_index[units.ids])
     if hs is None or hf is None or not (np.any(hs[units.ids]) or np.any(hf[units.ids])):
-        stop = np.where(fail, ab_f[0][n], ab_s[0][n])
-    else:  # per-prompt history: one table per distinct (successes, failures) evidence
-        ev = np.round(np.stack([hs[units.ids], hf[units.ids]], 1), 3)
+        stop = np.where(fail, ab_f[group, n], ab_s[group, n])
+    else:  # per-prompt history: one table per distinct (group, successes, failures)
+        ev = np.round(np.stack([group, hs[units.ids], hf[units.ids]], 1), 3)
         rows, inv = np.unique(ev, axis=0, return_inverse=True)
-        ll = _loglik(base.grid, rows[:, 0], rows[:, 1])
-        w = base.weights[None] * np.exp(ll - ll.max(1, keepdims=True))
+        ll = _loglik(base.grid, rows[:, 1], rows[:, 2])
+        w = base.group_weights()[rows[:, 0].astype(np.int64)] * np.exp(ll - ll.max(1, keepdims=True))
         tf, ts = optimal_tables(w / np.maximum(w.sum(1, keepdims=True), 1e-300), base.grid, k, rho)
         inv = inv.reshape(-1)
         stop = np.where(fail, tf[inv, n], ts[inv, n])
@@ -283,7 +293,7 @@ def drain_decisions(base: GridPrior, units: UnitView) -> np.ndarray:
     n = np.minimum(units.n, k).astype(np.float64)
     s = np.clip(np.rint(units.s), 0, n)
     ll = _loglik(base.grid, hs + s, hf + n - s)
-    post = base.weights[None] * np.exp(ll - ll.max(1, keepdims=True))
+    post = base.group_weights()[base.unit_groups(table.pool_index[units.ids])] * np.exp(ll - ll.max(1, keepdims=True))
     post /= np.maximum(post.sum(1, keepdims=True), 1e-300)
     rest = (k - n)[:, None]
     same = np.where((s == 0)[:, None], (1.0 - base.grid)[None] ** rest, base.grid[None] ** rest)

@@ -166,7 +166,7 @@ def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[Col
         sampler: PromptSampler = OracleSampler(env, cfg.k, seed=seed)
     else:
         sampler = make_sampler(sampler_spec, len(env.prompts), seed=seed, k=cfg.k)
-    allocator, sampler = compose(allocator, sampler)  # sara@predictive: SARA reads the sampler's history
+    allocator, sampler = compose(allocator, sampler, env.prompts)  # sara@predictive: SARA reads the sampler's history
     rng = np.random.default_rng([seed, 4242])
     visits = np.zeros(len(env.prompts), np.int64)
     stats = []

@@ -182,7 +182,8 @@ def diagnose_policy(config: Any, specs: Sequence[str], *, steps: int = 4, train_
     for spec in specs:
         name, _, sampler_spec = spec.partition("@")
         allocator, sampler = compose(make_allocator(name, k=cfg.k),
-                                     make_sampler(sampler_spec or "uniform", len(env.prompts), seed=seed, k=cfg.k))
+                                     make_sampler(sampler_spec or "uniform", len(env.prompts), seed=seed, k=cfg.k),
+                                     env.prompts)
         obs = AllocationDiagnostics(env, finish=finish)
         for t in range(steps):
             collect(allocator, env, sampler, target_groups=cfg.groups_per_step, seed=seed, step=t, observers=[obs])

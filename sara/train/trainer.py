@@ -98,7 +98,8 @@ class Trainer:
         self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
                                                              self.allocator)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
-        self.allocator, self.sampler = compose(self.allocator, make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k))
+        sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
+        self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts)
         self.step = 0
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
