@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sara.allocators.base import UnitTable
-from sara.allocators.stopping import GridPrior, _loglik, optimal_tables, rule_figures
+from sara.allocators.stopping import GridPrior, em_weights, optimal_tables, rule_figures
 from sara.config import ConfigError
 
 __all__ = ["GroupedGridPrior", "group_labels", "MAX_GROUPS"]
@@ -116,21 +116,7 @@ class GroupedGridPrior(GridPrior):
         self.share = (counts + 1.0) / (counts.sum() + self.n_groups)
 
     def _em_group(self, ns: np.ndarray, start: np.ndarray) -> np.ndarray:
-        prior = self.shrink * self.weights + self.smoothing / len(self.grid)
-        if not len(ns):
-            return prior / prior.sum()
-        pairs, counts = np.unique(ns, axis=0, return_counts=True)
-        lik = np.exp(_loglik(self.grid, pairs[:, 1], pairs[:, 0] - pairs[:, 1]))
-        w = start.copy()
-        for _ in range(200):
-            r = lik * w[None]
-            r /= np.maximum(r.sum(1, keepdims=True), 1e-300)
-            new = (counts @ r + prior) / (counts.sum() + prior.sum())
-            done = np.abs(new - w).max() < 1e-7
-            w = new
-            if done:
-                break
-        return w
+        return em_weights(self.grid, ns, start, self.shrink * self.weights + self.smoothing / len(self.grid))
 
     def _groups_of(self, table: UnitTable | None) -> np.ndarray:
         parts = list(self._ghist)

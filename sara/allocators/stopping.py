@@ -34,7 +34,7 @@ from sara.allocators.base import Prior, UnitTable
 from sara.allocators.units import UnitView
 from sara.types import Decision
 
-__all__ = ["GridPrior", "drain_decisions", "optimal_tables", "rule_figures", "solve_rho", "optimal_decisions"]
+__all__ = ["GridPrior", "drain_decisions", "em_weights", "optimal_tables", "rule_figures", "solve_rho", "optimal_decisions"]
 
 GRID_POINTS = 65
 
@@ -58,6 +58,25 @@ def _loglik(grid: np.ndarray, s: np.ndarray, f: np.ndarray) -> np.ndarray:
         lg, l1g = np.log(grid), np.log1p(-grid)
         out = np.where(s[:, None] > 0, s[:, None] * lg[None], 0.0) + np.where(f[:, None] > 0, f[:, None] * l1g[None], 0.0)
     return out
+
+
+def em_weights(grid: np.ndarray, ns: np.ndarray, start: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """MAP mixture weights on ``grid`` of the (n, s) rows ``ns [units, 2]`` by EM, from ``start``, with Dirichlet
+    pseudo-counts ``prior [G]`` (the sequence likelihood ignores when a unit was stopped: optional stopping is fine)."""
+    if not len(ns):
+        return prior / prior.sum()
+    pairs, counts = np.unique(ns, axis=0, return_counts=True)
+    lik = np.exp(_loglik(grid, pairs[:, 1], pairs[:, 0] - pairs[:, 1]))  # [pairs, G]
+    w = start.copy()
+    for _ in range(200):
+        r = lik * w[None]
+        r /= np.maximum(r.sum(1, keepdims=True), 1e-300)
+        new = (counts @ r + prior) / (counts.sum() + prior.sum())
+        done = np.abs(new - w).max() < 1e-7
+        w = new
+        if done:
+            break
+    return w
 
 
 def optimal_tables(weights: np.ndarray, grid: np.ndarray, k: int, rho: float) -> tuple[np.ndarray, np.ndarray]:
@@ -179,19 +198,7 @@ class GridPrior(Prior):
     def _em(self, ns: np.ndarray) -> None:
         if not self.fit or len(ns) < self.min_units:
             return
-        pairs, counts = np.unique(ns, axis=0, return_counts=True)
-        lik = np.exp(_loglik(self.grid, pairs[:, 1], pairs[:, 0] - pairs[:, 1]))  # [pairs, G]
-        w = self.weights.copy()
-        prior_mass = self.smoothing / len(self.grid)
-        for _ in range(200):
-            r = lik * w[None]
-            r /= np.maximum(r.sum(1, keepdims=True), 1e-300)
-            new = (counts @ r + prior_mass) / (counts.sum() + self.smoothing)
-            done = np.abs(new - w).max() < 1e-7
-            w = new
-            if done:
-                break
-        self.weights = w
+        self.weights = em_weights(self.grid, ns, self.weights, np.full(len(self.grid), self.smoothing / len(self.grid)))
 
     def _data(self, table: UnitTable | None = None) -> np.ndarray:
         parts = list(self._hist)
