@@ -99,7 +99,19 @@ def test_compose_wires_prompts_and_the_predictive_history():
     history, _ = compose(make_allocator("sara:group_by=band,prior=history", k=K), UniformSampler(200, seed=0), prompts)
     assert isinstance(history.prior.base, GroupedGridPrior)
     plain, _ = compose(make_allocator("sara", k=K), UniformSampler(200, seed=0), prompts)
-    assert type(plain.prior) is GridPrior  # no group_by: prompts change nothing
+    assert type(plain.prior) is GridPrior  # the default key (component) is absent: one population, no error
+
+
+def test_the_default_groups_a_mixtures_components():
+    prompts = [Prompt(id=f"p{i}", metadata={"component": "easy" if i % 3 else "hard"}) for i in range(60)]
+    default, _ = compose(make_allocator("sara", k=K), UniformSampler(60, seed=0), prompts)
+    assert isinstance(default.prior, GroupedGridPrior) and default.prior.names == ["hard", "easy"]
+    off, _ = compose(make_allocator("sara:group_by=none", k=K), UniformSampler(60, seed=0), prompts)
+    assert type(off.prior) is GridPrior
+    unwired, _ = compose(make_allocator("sara", k=K), UniformSampler(60, seed=0))  # no prompts: no error
+    assert type(unwired.prior) is GridPrior
+    paper, _ = compose(make_allocator("sara:rule=paper", k=K), UniformSampler(60, seed=0), prompts)
+    assert paper.rule == "paper"  # the default key never forces the optimal rule
 
 
 def test_group_by_is_the_optimal_rules_option():

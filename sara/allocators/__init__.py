@@ -117,7 +117,7 @@ def compose(allocator: BudgetAllocator, sampler: PromptSampler,
     group = getattr(allocator, "group_prompts", None)
     if group is not None and prompts is not None:
         group(prompts)
-    elif getattr(getattr(allocator, "config", None), "group_by", None) is not None:
+    elif getattr(allocator, "group_by_given", False):
         raise ConfigError(f"{getattr(allocator, 'name', 'allocator')}: field 'group_by' needs the pool's prompts: "
                           "call compose(allocator, sampler, prompts=env.prompts)")
     return allocator, sampler

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sara.allocators.base import Prior
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
@@ -61,12 +61,13 @@ class SARAConfig(SequentialConfig):
     docs/allocation.md for the measurements behind the value)."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
-    group_by: str | None = None
+    group_by: str | None = "component"
     """Optimal rule: a ``Prompt.metadata`` key whose values split the population prior into groups (one grid mixture
     per value, shrunk toward the pooled fit, one optimum across them; ``sara.allocators.grouped``), e.g.
     ``component`` (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH). Needs the pool's
-    prompts, which ``sara.allocators.compose(..., prompts=)`` hands over (the trainer and the benches do). None: one
-    population."""
+    prompts, which ``sara.allocators.compose(..., prompts=)`` hands over (the trainer and the benches do). The default,
+    ``component``, groups a mixture's components and leaves any other pool (or a composition without prompts) one
+    population; a key you give must exist. None: one population."""
     drain: bool = True
     """Optimal rule: once the step's target is covered, finish the units still probing whose remaining rollouts buy
     effective groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group,
@@ -75,11 +76,16 @@ class SARAConfig(SequentialConfig):
     """History prior only: cap on a prompt's decayed pseudo-count, so stale evidence cannot outweigh what the running
     step sees when the policy has moved (lower under fast drift)."""
 
+    @field_validator("group_by", mode="before")
+    @classmethod
+    def _none_key(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and v.strip().lower() in ("", "none") else v  # spec strings: group_by=none
+
     @model_validator(mode="after")
     def _check_taus(self) -> SARAConfig:
         if self.tau_low > self.tau_high:
             raise ValueError(f"tau_low ({self.tau_low}) must be <= tau_high ({self.tau_high}); lower tau_low or raise tau_high")
-        if self.group_by is not None and self.resolved_rule() != "optimal":
+        if "group_by" in self.model_fields_set and self.group_by is not None and self.resolved_rule() != "optimal":
             raise ValueError("group_by splits the optimal rule's population prior; drop it or use rule=optimal")
         if self.rule == "optimal" and {"tau_low", "tau_high"} & self.model_fields_set:
             raise ValueError("tau_low / tau_high are the paper rule's thresholds; drop them or use rule=paper")
@@ -146,15 +152,23 @@ class SARAAllocator(SequentialAllocator):
         self.prior_kind = "history"
         return True
 
+    @property
+    def group_by_given(self) -> bool:
+        """Whether the spec set ``group_by`` to a key (then the pool's prompts are required, see ``compose``)."""
+        return "group_by" in self.config.model_fields_set and self.config.group_by is not None
+
     def group_prompts(self, prompts: Sequence[Any]) -> bool:
         """Split the population prior by ``Prompt.metadata[group_by]`` over the pool ``prompts`` (indexed by pool
         index). Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset."""
-        if self.config.group_by is None or self.rule != "optimal":
+        key = self.config.group_by
+        if key is None or self.rule != "optimal":
             return False
         from sara.allocators.grouped import GroupedGridPrior, group_labels
         from sara.allocators.stopping import GridPrior
 
-        labels, names = group_labels(prompts, self.config.group_by)
+        if not self.group_by_given and not _has_key(prompts, key):
+            return False  # the default key on a pool without it: one population
+        labels, names = group_labels(prompts, key)
         holder = self.prior if isinstance(self.prior, GridPrior) else getattr(self.prior, "base", None)
         if not isinstance(holder, GridPrior):
             raise TypeError(f"sara: group_by needs a grid prior to split, got {type(holder).__name__}")
@@ -199,3 +213,10 @@ class SARAAllocator(SequentialAllocator):
         out[units.p_eff >= self.config.tau_high] = Decision.COMMIT
         out[abandon] = Decision.ABANDON
         return out
+
+
+def _has_key(prompts: Sequence[Any], key: str, probes: int = 64) -> bool:
+    """Whether prompts carry ``key``, judged on up to ``probes`` evenly spaced ones (simulated pools are lazy and can
+    hold millions)."""
+    at = np.unique(np.linspace(0, len(prompts) - 1, min(probes, len(prompts))).astype(np.int64)) if len(prompts) else []
+    return any(key in (getattr(prompts[int(i)], "metadata", None) or {}) for i in at)
