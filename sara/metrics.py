@@ -203,16 +203,21 @@ def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
 
 
 class OutcomeCounts:
-    """Every closed unit of a run counted by ``(n, s, effective)``: the data behind the 'what DS would have spent'
-    estimate (``p_mixed``). ``n`` is capped at ``k`` (a committed group filled to k counts its first k rollouts).
+    """Every closed unit of a run counted by ``(group, n, s, effective)``: the data behind the 'what DS would have
+    spent' estimate (``p_mixed``). ``n`` is capped at ``k`` (a committed group filled to k counts its first k rollouts).
 
     Args:
         k: The group size.
+        labels: Group of each pool index (e.g. a mixture's components, as the allocator splits its prior; None: one
+            population). Each group's success rates are fitted on their own.
     """
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, labels: Any = None) -> None:
+        import numpy as np
+
         self.k = int(k)
-        self.counts: dict[tuple[int, int, int], float] = {}
+        self.labels = None if labels is None else np.asarray(labels, np.int64)
+        self.counts: dict[tuple[int, int, int, int], float] = {}
 
     def record(self, groups: Iterable[Any]) -> None:
         """Count closed units (``sara.types.Group``: committed, abandoned and discarded alike)."""
@@ -221,27 +226,37 @@ class OutcomeCounts:
         for g in groups:
             n = min(g.size, self.k)
             s = min(int(round(float(g.rewards[:n].sum()))), n)
-            key = (n, s, int(g.decision == Decision.COMMIT and g.is_effective()))
+            label = 0
+            if self.labels is not None and 0 <= g.pool_index < len(self.labels):
+                label = int(self.labels[g.pool_index])
+            key = (label, n, s, int(g.decision == Decision.COMMIT and g.is_effective()))
             self.counts[key] = self.counts.get(key, 0.0) + 1.0
 
     def p_mixed(self) -> float:
         """P(a fresh prompt's full size-k group is mixed), unbiased under sequential stopping.
 
         Units observed to be effective count 1; every other closed unit (abandoned, discarded, saturated) counts its
-        posterior-predictive p_eff under a Beta prior fitted by marginal likelihood to ALL closed units' (n, s) —
-        valid because the stopping rule depends only on observed outcomes. (The allocator's own uniform prior would
-        credit a prompt abandoned after 4 failures with a 44% chance of mixing, whatever the population.)
+        posterior-predictive P(mixed) under a mixture over success rates (a grid including 0 and 1, as the allocator's
+        own prior) fitted per group by EM to ALL that group's closed units' (n, s). That is valid because the stopping
+        rule depends only on observed outcomes. A single Beta cannot hold "never solved" next to "sometimes solved":
+        on the default pool it credited the 4-digit prompts abandoned after one failure with a 3-digit prompt's chance
+        of mixing and halved the estimate of what DS would have spent.
         """
         import numpy as np
 
-        from sara.allocators.posteriors import fit_beta_marginal_likelihood, p_effective
+        from sara.allocators.stopping import GRID_POINTS, em_weights, p_mixed_given
 
         if not self.counts:
             return 0.0
         rows = ((*key, v) for key, v in self.counts.items())  # first-seen order (kept by state_dict)
-        n, s, eff, c = (np.array(x, dtype=np.float64) for x in zip(*rows))
-        a, b = fit_beta_marginal_likelihood(n, s, weights=c)
-        p = np.where(eff > 0, 1.0, p_effective(n, s, self.k, a, b))
+        g, n, s, eff, c = (np.array(x, dtype=np.float64) for x in zip(*rows))
+        grid = np.linspace(0.0, 1.0, GRID_POINTS)
+        p = np.ones(len(n))
+        for label in np.unique(g):
+            at = g == label
+            flat = np.full(len(grid), 1.0 / len(grid))
+            w = em_weights(grid, np.stack([n[at], s[at]], 1), flat, flat.copy(), counts=c[at])
+            p[at] = np.where(eff[at] > 0, 1.0, p_mixed_given(w, grid, n[at], s[at], self.k))
         return float(np.sum(c * p) / np.sum(c))
 
     def state_dict(self) -> dict[str, Any]:
@@ -249,4 +264,5 @@ class OutcomeCounts:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.k = int(state["k"])
-        self.counts = {(int(n), int(s), int(e)): float(c) for n, s, e, c in state["rows"]}
+        rows = [r if len(r) == 5 else [0, *r] for r in state["rows"]]  # 4-column rows: before groups, one population
+        self.counts = {(int(g), int(n), int(s), int(e)): float(c) for g, n, s, e, c in rows}

@@ -32,3 +32,28 @@ def test_outcome_counts_round_trip_through_state_dict():
     b.load_state_dict(a.state_dict())
     assert b.k == 8 and b.counts == a.counts and b.p_mixed() == a.p_mixed()
     assert sum(a.counts.values()) == len(res.groups) + len(res.abandoned)
+
+
+def test_p_mixed_estimate_per_group_on_a_two_band_pool():
+    # Half never solvable, half at p = 0.2, and an allocator that abandons the hard band after one failure: the
+    # estimate fitted per band (the labels the allocator groups by) recovers P(mixed) from the truncated prefixes.
+    from sara.allocators import compose
+    from sara.types import Prompt
+
+    k, size = 8, 4_000
+    rates = np.concatenate([np.zeros(size // 2), np.full(size // 2, 0.2)])
+    labels = np.repeat([0, 1], size // 2)
+    prompts = [Prompt(id=str(i), metadata={"band": int(b)}) for i, b in enumerate(labels)]
+    env = SimulatedEnv(rates)
+    alloc, sampler = compose(make_allocator("sara:group_by=band", k=k), UniformSampler(size, seed=0), prompts)
+    grouped, pooled = OutcomeCounts(k, labels=labels), OutcomeCounts(k)
+    for step in range(4):
+        res = collect(alloc, env, sampler, target_groups=128, seed=1, step=step)
+        for counts in (grouped, pooled):
+            counts.record([*res.groups, *res.abandoned, *res.discarded])
+    truth = float(np.mean(1 - rates**k - (1 - rates) ** k))
+    assert grouped.p_mixed() == pytest.approx(truth, abs=0.03)
+    assert {key[0] for key in grouped.counts} == {0, 1}
+    restored = OutcomeCounts(k)
+    restored.load_state_dict({"k": k, "rows": [list(key[1:]) + [v] for key, v in pooled.counts.items()]})
+    assert restored.p_mixed() == pooled.p_mixed()  # checkpoints from before groups load as one population

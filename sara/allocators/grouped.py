@@ -1,4 +1,5 @@
-"""A population prior per group of prompts: ``sara:group_by=KEY`` (one grid mixture per value of a prompt feature).
+"""A population prior per group of prompts: ``sara:group_by=KEY`` (one grid mixture per value of a prompt feature;
+``sara``'s default ``group_by=component`` splits a ``sara/Mixture-v0`` pool by component).
 
 A pool is rarely one population. Mixture components, MATH levels or Countdown sizes each have their own spread of
 success rates, and a single pooled prior blurs them: on the default pool (1- to 4-digit sums) a first failure says
@@ -26,7 +27,7 @@ from sara.allocators.base import UnitTable
 from sara.allocators.stopping import GridPrior, em_weights, optimal_tables, rule_figures
 from sara.config import ConfigError
 
-__all__ = ["GroupedGridPrior", "group_labels", "MAX_GROUPS"]
+__all__ = ["GroupedGridPrior", "group_labels", "prompt_groups", "MAX_GROUPS"]
 
 MAX_GROUPS = 256
 """More distinct values than this is a ConfigError: a per-group fit needs data per group."""
@@ -49,6 +50,16 @@ def group_labels(prompts: Sequence[Any], key: str) -> tuple[np.ndarray, list[Has
                           f"{MAX_GROUPS}); group by a coarser feature")
     index = {v: i for i, v in enumerate(names)}
     return np.asarray([index[v] for v in values], np.int64), names
+
+
+def prompt_groups(allocator: Any) -> np.ndarray | None:
+    """The group of every pool index when ``allocator``'s prior is split by groups (``GroupedGridPrior``, directly or
+    as the base of a history prior), else None: what a run's 'DS would have spent' estimate should fit per group."""
+    prior = getattr(allocator, "prior", None)
+    for p in (prior, getattr(prior, "base", None)):
+        if isinstance(p, GroupedGridPrior):
+            return p.labels
+    return None
 
 
 def _hashable(v: Any) -> Hashable:

@@ -34,7 +34,7 @@ from sara.allocators.base import Prior, UnitTable
 from sara.allocators.units import UnitView
 from sara.types import Decision
 
-__all__ = ["GridPrior", "drain_decisions", "em_weights", "optimal_tables", "rule_figures", "solve_rho", "optimal_decisions"]
+__all__ = ["GridPrior", "drain_decisions", "em_weights", "optimal_tables", "p_mixed_given", "rule_figures", "solve_rho", "optimal_decisions"]
 
 GRID_POINTS = 65
 
@@ -60,12 +60,17 @@ def _loglik(grid: np.ndarray, s: np.ndarray, f: np.ndarray) -> np.ndarray:
     return out
 
 
-def em_weights(grid: np.ndarray, ns: np.ndarray, start: np.ndarray, prior: np.ndarray) -> np.ndarray:
+def em_weights(grid: np.ndarray, ns: np.ndarray, start: np.ndarray, prior: np.ndarray,
+               counts: np.ndarray | None = None) -> np.ndarray:
     """MAP mixture weights on ``grid`` of the (n, s) rows ``ns [units, 2]`` by EM, from ``start``, with Dirichlet
-    pseudo-counts ``prior [G]`` (the sequence likelihood ignores when a unit was stopped: optional stopping is fine)."""
+    pseudo-counts ``prior [G]`` (the sequence likelihood ignores when a unit was stopped: optional stopping is fine).
+    ``counts``: a weight per row (default: one unit each)."""
     if not len(ns):
         return prior / prior.sum()
-    pairs, counts = np.unique(ns, axis=0, return_counts=True)
+    if counts is None:
+        pairs, counts = np.unique(ns, axis=0, return_counts=True)
+    else:
+        pairs, counts = np.asarray(ns), np.asarray(counts, np.float64)
     lik = np.exp(_loglik(grid, pairs[:, 1], pairs[:, 0] - pairs[:, 1]))  # [pairs, G]
     w = start.copy()
     for _ in range(200):
@@ -288,6 +293,21 @@ def optimal_decisions(base: GridPrior, units: UnitView) -> np.ndarray:
     return np.where(stop, Decision.ABANDON, Decision.CONTINUE).astype(np.int8)
 
 
+def p_mixed_given(weights: np.ndarray, grid: np.ndarray, n: np.ndarray, s: np.ndarray, k: int,
+                  hist_s: np.ndarray | float = 0.0, hist_f: np.ndarray | float = 0.0) -> np.ndarray:
+    """P(the full size-k group is mixed | a prefix of n rollouts with s successes) under grid mixtures ``weights``
+    (``[G]`` or one row per prefix), each prompt's history evidence (``hist_s`` / ``hist_f``) counted with its
+    prefix."""
+    n = np.asarray(n, np.float64)
+    s = np.asarray(s, np.float64)
+    ll = _loglik(grid, hist_s + s, hist_f + n - s)
+    post = np.atleast_2d(weights) * np.exp(ll - ll.max(1, keepdims=True))
+    post /= np.maximum(post.sum(1, keepdims=True), 1e-300)
+    rest = (k - n)[:, None]
+    same = np.where((s == 0)[:, None], (1.0 - grid)[None] ** rest, grid[None] ** rest)
+    return np.where((s > 0) & (s < n), 1.0, 1.0 - (post * same).sum(1))
+
+
 def drain_decisions(base: GridPrior, units: UnitView) -> np.ndarray:
     """Once the target is covered: finish an unmixed prefix in one go iff its remaining rollouts per expected effective
     group beat the population's optimum, ``k - n < rho * P(mixed | prefix)`` (its rollouts so far are sunk)."""
@@ -299,10 +319,5 @@ def drain_decisions(base: GridPrior, units: UnitView) -> np.ndarray:
     hf = table.prior.get("hist_f", zeros)[units.ids]
     n = np.minimum(units.n, k).astype(np.float64)
     s = np.clip(np.rint(units.s), 0, n)
-    ll = _loglik(base.grid, hs + s, hf + n - s)
-    post = base.group_weights()[base.unit_groups(table.pool_index[units.ids])] * np.exp(ll - ll.max(1, keepdims=True))
-    post /= np.maximum(post.sum(1, keepdims=True), 1e-300)
-    rest = (k - n)[:, None]
-    same = np.where((s == 0)[:, None], (1.0 - base.grid)[None] ** rest, base.grid[None] ** rest)
-    p_mixed = np.where((s > 0) & (s < n), 1.0, 1.0 - (post * same).sum(1))
-    return (k - n) < rho * p_mixed
+    w = base.group_weights()[base.unit_groups(table.pool_index[units.ids])]
+    return (k - n) < rho * p_mixed_given(w, base.grid, n, s, k, hs, hf)

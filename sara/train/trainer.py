@@ -54,6 +54,7 @@ class Trainer:
 
         from sara.algos import make_algo
         from sara.allocators import compose, make_allocator, make_sampler
+        from sara.allocators.grouped import prompt_groups
         from sara.backends import BACKENDS
         from sara.envs.base import SamplingConfig
         from sara.envs.tasks import make_task
@@ -103,7 +104,8 @@ class Trainer:
         self.step = 0
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
-        self.outcomes = OutcomeCounts(cfg.k)  # every closed unit's (n, s, effective): the DS estimate
+        # Every closed unit's (group, n, s, effective): the DS estimate, fitted per group as the allocator's prior is.
+        self.outcomes = OutcomeCounts(cfg.k, labels=prompt_groups(self.allocator))
         self.evals: list[dict[str, float]] = []
         self.wall_seconds = 0.0
         self.resumed_from: Path | None = None
