@@ -240,7 +240,7 @@ class OutcomeCounts:
         own prior) fitted per group by EM to ALL that group's closed units' (n, s). That is valid because the stopping
         rule depends only on observed outcomes. A single Beta cannot hold "never solved" next to "sometimes solved":
         on the default pool it credited the 4-digit prompts abandoned after one failure with a 3-digit prompt's chance
-        of mixing and halved the estimate of what DS would have spent.
+        of mixing and cut the estimate of what DS would have spent by a third (45,509 vs a real 70,496).
         """
         import numpy as np
 
