@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from sara.allocators.base import UnitTable
-from sara.allocators.stopping import GridPrior, em_weights, optimal_tables, rule_figures
+from sara.allocators.stopping import GridPrior, em_weights
 from sara.config import ConfigError
 
 __all__ = ["GroupedGridPrior", "group_labels", "prompt_groups", "MAX_GROUPS"]
@@ -90,7 +90,6 @@ class GroupedGridPrior(GridPrior):
         self.group_w = np.tile(self.weights, (self.n_groups, 1))
         self.share = np.full(self.n_groups, 1.0 / self.n_groups)  # share of drawn units per group
         self._ghist: list[np.ndarray] = []  # per past step: group of every unit with data (aligned with _hist)
-        self._grho: tuple[bytes, int, tuple[float, np.ndarray, np.ndarray]] | None = None
 
     @classmethod
     def like(cls, base: GridPrior, labels: np.ndarray, names: Sequence[Hashable] = (), **kwargs: Any) -> GroupedGridPrior:
@@ -115,19 +114,23 @@ class GroupedGridPrior(GridPrior):
         return self.group_w
 
     # ---- fitting -----------------------------------------------------------------------------------------------
-    def _fit_groups(self, ns: np.ndarray, groups: np.ndarray) -> None:
-        super()._em(ns)  # the pooled fit: each group's shrinkage target
-        if not self.fit or len(ns) < self.min_units:
-            return
-        out = np.empty_like(self.group_w)
-        counts = np.bincount(groups, minlength=self.n_groups).astype(np.float64)
-        for g in range(self.n_groups):
-            out[g] = self._em_group(ns[groups == g], self.group_w[g])
-        self.group_w = out
-        self.share = (counts + 1.0) / (counts.sum() + self.n_groups)
+    def group_share(self) -> np.ndarray:
+        """``[groups]`` share of the units drawn from each group (add-one smoothed) in the fitted window."""
+        return self.share
 
-    def _em_group(self, ns: np.ndarray, start: np.ndarray) -> np.ndarray:
-        return em_weights(self.grid, ns, start, self.shrink * self.weights + self.smoothing / len(self.grid))
+    # ---- fitting -----------------------------------------------------------------------------------------------
+    def _refit(self, table: UnitTable | None) -> bool:
+        """The pooled fit (each group's shrinkage target), then one EM per group; True when the groups changed."""
+        ns, groups = self._data(table), self._groups_of(table)
+        self._em(ns)
+        if not self.fit or len(ns) < self.min_units:
+            return False
+        prior = self.shrink * self.weights + self.smoothing / len(self.grid)
+        self.group_w = np.stack([em_weights(self.grid, ns[groups == g], self.group_w[g], prior)
+                                 for g in range(self.n_groups)])
+        counts = np.bincount(groups, minlength=self.n_groups).astype(np.float64)
+        self.share = (counts + 1.0) / (counts.sum() + self.n_groups)
+        return True
 
     def _groups_of(self, table: UnitTable | None) -> np.ndarray:
         parts = list(self._ghist)
@@ -135,54 +138,11 @@ class GroupedGridPrior(GridPrior):
             parts.append(self.unit_groups(table.pool_index[table.n > 0]))
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
-    def refresh(self, table: UnitTable) -> bool:
-        data = int(table.n.sum()) + sum(int(h[:, 0].sum()) for h in self._hist)
-        if not self.fit or data < self.refit_growth * max(self._fitted_on, 1):
-            return False
-        before = self.group_w
-        self._fit_groups(self._data(table), self._groups_of(table))
-        self._fitted_on = data
-        return self.group_w is not before
-
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
-        n = np.asarray(n, np.int64)
-        keep = n > 0
-        self._hist.append(np.stack([n[keep], np.rint(np.asarray(rsum, np.float64)[keep])], 1).astype(np.int64))
-        self._ghist.append(self.unit_groups(np.asarray(pool_index, np.int64)[keep]))
-        del self._hist[: -self.window], self._ghist[: -self.window]
-        self._fit_groups(self._data(), self._groups_of(None))
-        self._fitted_on = 0
-
-    # ---- the joint optimum ---------------------------------------------------------------------------------------
-    def rho(self, k: int) -> tuple[float, np.ndarray, np.ndarray]:
-        """``(rho, abandon_fail [groups, k+1], abandon_success [groups, k+1])``: one optimum, a table per group."""
-        key = self.group_w.tobytes() + self.share.tobytes()
-        if self._grho is None or self._grho[0] != key or self._grho[1] != k:
-            self._grho = (key, k, self._solve(k))
-        return self._grho[2]
-
-    def _solve(self, k: int, iters: int = 40) -> tuple[float, np.ndarray, np.ndarray]:
-        never = np.zeros(k + 1, bool)
-
-        def totals(tf: np.ndarray, ts: np.ndarray) -> tuple[float, float]:
-            figs = [rule_figures(tf[g], ts[g], self.grid, k, self.group_w[g]) for g in range(self.n_groups)]
-            return (float(self.share @ [f["rollouts"] for f in figs]), float(self.share @ [f["effective"] for f in figs]))
-
-        cost, eff = totals(np.tile(never, (self.n_groups, 1)), np.tile(never, (self.n_groups, 1)))
-        if eff <= 0:  # nothing ever mixes under the prior: abandon as early as possible
-            ab = np.zeros((self.n_groups, k + 1), bool)
-            ab[:, 1:k] = True
-            return float("inf"), ab, ab.copy()
-        rho = cost / eff
-        tf, ts = optimal_tables(self.group_w, self.grid, k, rho)
-        for _ in range(iters):
-            cost, eff = totals(tf, ts)
-            new = cost / eff
-            if abs(new - rho) <= 1e-12 * rho:
-                break
-            rho = new
-            tf, ts = optimal_tables(self.group_w, self.grid, k, rho)
-        return rho, tf, ts
+        keep = np.asarray(n) > 0
+        self._ghist.append(self.unit_groups(np.asarray(pool_index, np.int64)[keep]))  # aligned with GridPrior's _hist
+        del self._ghist[: -self.window]
+        super().update(pool_index, n, rsum, step)
 
     # ---- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

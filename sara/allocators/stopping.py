@@ -158,22 +158,36 @@ def rule_figures(abandon_fail: np.ndarray, abandon_succ: np.ndarray, p: np.ndarr
     return out
 
 
-def solve_rho(weights: np.ndarray, grid: np.ndarray, k: int, iters: int = 40) -> tuple[float, np.ndarray, np.ndarray]:
-    """Dinkelbach: the optimal rollouts per effective group under the prior, and the rule that achieves it."""
-    w = np.asarray(weights, np.float64)
-    fig = rule_figures(np.zeros(k + 1, bool), np.zeros(k + 1, bool), grid, k, w)
-    rho = fig["rollouts_per_effective_group"]
+def solve_rho(weights: np.ndarray, grid: np.ndarray, k: int, iters: int = 40,
+              share: np.ndarray | None = None) -> tuple[float, np.ndarray, np.ndarray]:
+    """Dinkelbach: the optimal rollouts per effective group under the prior, and the rule that achieves it.
+
+    ``weights [G]`` is one population (tables ``[k+1]``); ``weights [groups, G]`` with ``share [groups]`` (how often
+    each group is drawn; default equal) is one optimum over several groups, each stopped by its own table
+    (``[groups, k+1]``)."""
+    w = np.atleast_2d(np.asarray(weights, np.float64))
+    single = np.ndim(weights) == 1
+    sh = np.full(len(w), 1.0 / len(w)) if share is None else np.asarray(share, np.float64)
+
+    def ratio(ab_f: np.ndarray, ab_s: np.ndarray) -> float:
+        figs = [rule_figures(ab_f[g], ab_s[g], grid, k, w[g]) for g in range(len(w))]
+        eff = float(sh @ [f["effective"] for f in figs])
+        return float(sh @ [f["rollouts"] for f in figs]) / eff if eff > 0 else float("inf")
+
+    never = np.zeros((len(w), k + 1), bool)
+    rho = ratio(never, never)
     if not np.isfinite(rho):  # nothing ever mixes under the prior: abandon as early as possible
-        ab = np.zeros(k + 1, bool)
-        ab[1:k] = True
-        return rho, ab, ab.copy()
-    for _ in range(iters):
-        ab_f, ab_s = optimal_tables(w[None], grid, k, rho)
-        new = rule_figures(ab_f[0], ab_s[0], grid, k, w)["rollouts_per_effective_group"]
-        if abs(new - rho) <= 1e-12 * rho:
-            break
-        rho = new
-    return rho, ab_f[0], ab_s[0]
+        ab_f = np.zeros((len(w), k + 1), bool)
+        ab_f[:, 1:k] = True
+        ab_s = ab_f.copy()
+    else:
+        for _ in range(iters):
+            ab_f, ab_s = optimal_tables(w, grid, k, rho)
+            new = ratio(ab_f, ab_s)
+            if abs(new - rho) <= 1e-12 * rho:
+                break
+            rho = new
+    return (rho, ab_f[0], ab_s[0]) if single else (rho, ab_f, ab_s)
 
 
 class GridPrior(Prior):
@@ -212,15 +226,20 @@ class GridPrior(Prior):
             parts.append(np.stack([table.n[keep], np.rint(table.rsum[keep])], 1).astype(np.int64))
         return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
 
+    def _refit(self, table: UnitTable | None) -> bool:
+        """Fit to the history (+ the running step's units in ``table``); True when the weights changed."""
+        before = self.weights
+        self._em(self._data(table))
+        return self.weights is not before
+
     def refresh(self, table: UnitTable) -> bool:
         """Refit on history + the running step when the data grew enough; True when the weights changed."""
         data = int(table.n.sum()) + sum(int(h[:, 0].sum()) for h in self._hist)
         if not self.fit or data < self.refit_growth * max(self._fitted_on, 1):
             return False
-        before = self.weights
-        self._em(self._data(table))
+        changed = self._refit(table)
         self._fitted_on = data
-        return self.weights is not before
+        return changed
 
     def mean_params(self) -> tuple[float, float]:
         """A Beta with the mixture's mean and variance (for code that reads alpha0 / beta0)."""
@@ -230,11 +249,13 @@ class GridPrior(Prior):
         return max(m * c, 1e-3), max((1 - m) * c, 1e-3)
 
     def rho(self, k: int) -> tuple[float, np.ndarray, np.ndarray]:
-        """``solve_rho`` for the current weights (cached)."""
-        key = self.weights.tobytes()
+        """``(rho, abandon_fail [groups, k+1], abandon_success [groups, k+1])``: ``solve_rho`` over the groups'
+        weights (one row here), cached, and each group's tables at that optimum."""
+        w, share = self.group_weights(), self.group_share()
+        key = w.tobytes() + share.tobytes()
         if self._rho_cache is None or self._rho_cache[0] != key or self._rho_cache[1] != k:
-            self._rho_cache = (key, k, solve_rho(self.weights, self.grid, k)[0])
-        return self._rho_cache[2], *optimal_tables(self.weights[None], self.grid, k, self._rho_cache[2])
+            self._rho_cache = (key, k, solve_rho(w, self.grid, k, share=share)[0])
+        return self._rho_cache[2], *optimal_tables(w, self.grid, k, self._rho_cache[2])
 
     def unit_groups(self, pool_index: np.ndarray) -> np.ndarray:
         """Group index of each pool index (one population: all 0; ``GroupedGridPrior`` has several)."""
@@ -243,6 +264,10 @@ class GridPrior(Prior):
     def group_weights(self) -> np.ndarray:
         """``[groups, G]`` grid weights of every group (here one row, the population)."""
         return self.weights[None]
+
+    def group_share(self) -> np.ndarray:
+        """``[groups]`` how often each group is drawn (here one group)."""
+        return np.ones(1)
 
     # ---- Prior interface -----------------------------------------------------------------------------------------
     def params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
@@ -255,7 +280,7 @@ class GridPrior(Prior):
         keep = n > 0
         self._hist.append(np.stack([n[keep], np.rint(np.asarray(rsum, np.float64)[keep])], 1).astype(np.int64))
         del self._hist[: -self.window]
-        self._em(self._data())
+        self._refit(None)
         self._fitted_on = 0
 
     def state_dict(self) -> dict[str, Any]:
