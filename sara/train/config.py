@@ -5,6 +5,7 @@ loading from YAML/JSON. Every invalid value is a ``ConfigError`` that names the 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -14,7 +15,7 @@ from pydantic import Field, model_validator
 from sara.backends.ray.config import RayTrainOptions
 from sara.config import ConfigError, SaraModel, parse_spec, validate_config
 
-__all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides"]
+__all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads"]
 
 
 class OptimConfig(SaraModel):
@@ -121,6 +122,12 @@ class TrainConfig(SaraModel):
     at most this many weight updates old when trained on (0 = abort and discard them at the step's end). Stale
     rollouts are trained with the generator's log-probs as old log-probs (the clipped ratio corrects their age). A
     step that writes a checkpoint, and the run's last step, carry nothing, so resuming reproduces the run."""
+    surplus: Literal["bank", "train"] = "bank"
+    """Committed groups a step produces beyond ``groups_per_step`` (sara's drained units, a stream's last arrivals,
+    DS's whole rounds): 'bank' keeps them for the next step's batch, which then collects only what is missing (the
+    batch stays ``groups_per_step``; saved rollouts become more optimizer steps; banked groups are one weight update
+    stale and trained with their generator's log-probs); 'train' trains them at once (the batch grows). See
+    ``sara.train.bank``."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -245,3 +252,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
         data.update(loaded)
     data = apply_overrides(data, overrides)
     return validate_config(TrainConfig, data, what="train config")
+
+
+def default_threads() -> int:
+    """Threads for torch: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)

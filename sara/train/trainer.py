@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import defaultdict
@@ -31,7 +30,8 @@ import numpy as np
 from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
-from sara.train.config import TrainConfig
+from sara.train.bank import SurplusBank
+from sara.train.config import TrainConfig, default_threads
 from sara.train.guards import VerifierHealth
 from sara.train.learner import Learner, planned_optimizer_steps
 from sara.train.summary import RunSummary
@@ -101,6 +101,7 @@ class Trainer:
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
         sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
         self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts)
+        self.bank = SurplusBank(cfg.groups_per_step, cfg.surplus)  # committed groups beyond the batch (bank.py)
         self.step = 0
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
@@ -146,14 +147,18 @@ class Trainer:
                 stream = ({"max_inflight": cfg.stream_slots, "carry": self._carry, "carry_lag": self._carry_lag()}
                           if cfg.driver == "stream" else None)
                 result = (collect_stream if stream else collect)(
-                    self.allocator, self.env, self.sampler, target_groups=cfg.groups_per_step,
+                    self.allocator, self.env, self.sampler, target_groups=self.bank.need(),
                     max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, observers=[self.verifier_health],
                     **(stream or {}))
                 self._carry = result.carry
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
-            # 2. Advantages: rollout-time log-probs (old, reference), values, then the algorithm's estimator.
+            # 2. Advantages: the batch (banked surplus + this step's groups), rollout-time log-probs (old, reference),
+            # values, then the algorithm's estimator.
             with timer("advantages"):
-                batch = learner.make_batch(result.groups, step=self.step)
+                spent = cfg.rollout_budget is not None and (
+                    self.totals["rollouts"] + result.stats.rollouts >= cfg.rollout_budget)
+                groups = self.bank.batch(result.groups, self.step, flush=self.step + 1 >= self._horizon or spent)
+                batch = learner.make_batch(groups, step=self.step)
                 advantages, returns, extra = learner.advantages(batch) if batch is not None else (None, None, {})
             # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
             with timer("update"):
@@ -165,7 +170,8 @@ class Trainer:
                     self.version += 1
                     self.backend.update_weights(self.policy.state_dict(), self.version)
             self.step += 1
-            metrics = {**self._collect_metrics(result), **health, **algo_metrics, **extra.get("metrics", {})}
+            metrics = {**self._collect_metrics(result), **health, **algo_metrics, **extra.get("metrics", {}),
+                       "train/batch_groups": float(len(groups)), "train/banked_groups": float(len(self.bank))}
             self.totals["verifier_errors"] += health["env/verifier_errors"]
             self.totals["verifier_timeouts"] += health["env/verifier_timeouts"]
         metrics.update(timer.metrics())
@@ -317,6 +323,7 @@ class Trainer:
             "learner": self.learner.state_dict(),
             "allocator": self.allocator.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "bank": self.bank.state_dict(),
             "rng": rng_state(),
         }
 
@@ -357,6 +364,7 @@ class Trainer:
         self.learner.load_state_dict(state["learner"])
         self.allocator.load_state_dict(state["allocator"])
         self.sampler.load_state_dict(state["sampler"])
+        self.bank.load_state_dict(state.get("bank", {}), self.env.prompts)
         set_rng_state(state["rng"])
         c = state["counters"]
         self.step, self.version = int(c["step"]), int(c["version"])
@@ -388,11 +396,3 @@ def _lookup(registry: Any, name: str, what: str) -> Any:
         return registry.get(name)
     except KeyError as exc:
         raise ConfigError(f"train config: field '{what}': {exc.args[0]}") from None
-
-
-def default_threads() -> int:
-    """Threads for torch: the cores this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
