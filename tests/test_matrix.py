@@ -120,15 +120,16 @@ def _synthetic_runs():
     ds, sara = Cell("grpo", "ds", None, "ds", "grpo-ds"), Cell("grpo", "sara", "predictive", "sara@predictive",
                                                                "grpo-sara_predictive")
 
-    def run(seed, acc, effective=10):
+    def run(seed, acc, effective=10, steps=3):
         n = len(acc)
-        return {"seed": seed, "algo": "grpo", "allocator": "x", "acc_before": acc[0], "acc_after": acc[-1],
+        return {"seed": seed, "algo": "grpo", "allocator": "x", "steps": steps, "acc_before": acc[0], "acc_after": acc[-1],
                 "rollouts": 300, "tokens": 3000, "effective_groups": effective, "committed_groups": 10,
                 "curve": {"step": list(range(n)), "rollouts": [0, 100, 200, 300][:n],
                           "tokens": [0, 1000, 2000, 3000][:n], "wall_s": [0, 1, 2, 3][:n], "acc": acc}}
 
     return [(ds, run(0, [0.5, 0.55, 0.6, 0.6])), (ds, run(1, [0.5, 0.6, 0.65, 0.7])),
-            (sara, run(0, [0.5, 0.6, 0.7, 0.7], effective=12)), (sara, run(1, [0.5, 0.7, 0.7, 0.75], effective=6))]
+            (sara, run(0, [0.5, 0.6, 0.7, 0.7], effective=12, steps=4)),
+            (sara, run(1, [0.5, 0.7, 0.7, 0.75], effective=6, steps=5))]
 
 
 def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
@@ -149,8 +150,12 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
     # training seconds per effective group: 3 s over 12 and over 6 groups
     assert sara["aggregate"]["wall_s_per_effective_group"]["mean"] == pytest.approx((3 / 12 + 3 / 6) / 2)
     assert ds["aggregate"]["wall_s_per_effective_group"]["mean"] == pytest.approx(0.3)
+    # rollouts per effective group over all seeds (600 / 18) and the training steps the budget bought
+    assert sara["aggregate"]["rollouts_per_effective_group"] == pytest.approx(600 / 18)
+    assert sara["aggregate"]["steps"]["mean"] == pytest.approx(4.5) and ds["aggregate"]["steps"]["mean"] == 3
     text = format_report(report)
     assert "train s / eff. group" in text and "| 0.30 ± 0.00 |" in text
+    assert "| 33.3 | 4.5 ± " in text and "| 30.0 | 3.0 ± 0.0 |" in text
     assert "| **ds** (ref) |" in text and "1/2" in text and "2/2" in text
     assert "0.725 ± " in text and "≥ 250 ± " in text and "0.45*" in text
     assert "0.0238" in text and "0.0477" in text  # sqrt(.65 x .35 / 400), sqrt(.65 x .35 / 100)

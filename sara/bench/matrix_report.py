@@ -77,7 +77,11 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
         target = algos[algo]["target"]
         measured = [seed_measures(r["curve"], target=target, budget=budget) for r in rs]
         agg = aggregate_measures(measured)
-        agg["effective_fraction"] = group_ratios(rs)["effective_fraction"]
+        ratios = group_ratios(rs)
+        agg["effective_fraction"] = ratios["effective_fraction"]
+        agg["rollouts_per_effective_group"] = ratios["rollouts_per_effective_group"]
+        mean, half = t_interval([float(r["steps"]) for r in rs if "steps" in r])
+        agg["steps"] = {"mean": mean, "half": half}  # training steps in the budget: what saved rollouts buy
         per_group = [r["curve"]["wall_s"][-1] / r["effective_groups"] if r.get("effective_groups") else math.nan
                      for r in rs]  # training seconds (no evaluation) per effective group, per seed
         mean, half = t_interval(per_group)
@@ -140,7 +144,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                          "(sqrt(p(1-p)/prompts)).")
         lines += ["", "| cell | final acc | " + " | ".join(f"acc @{100 * f:.0f}%" for f in fr) +
                   " | AUC | reached | rollouts to target | × ref | tokens to target | train s to target | train s / eff. group "
-                  "| eff. frac |", "|---" * (10 + len(fr)) + "|"]
+                  "| rollouts / eff. group | steps | eff. frac |", "|---" * (12 + len(fr)) + "|"]
         for c in (c for c in report["cells"] if c["algo"] == algo):
             a = c["aggregate"]
             cens = "≥ " if a["reached"] < a["n"] else ""
@@ -151,7 +155,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                 _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", _ci(a["rollouts_to_target"], ",.0f", cens),
                 _ratio(ratio, a["reached"] < a["n"] or ref_censored[algo]), _ci(a["tokens_to_target"], ",.0f", cens),
                 _ci(a["wall_s_to_target"], ".1f", cens), _ci(a["wall_s_per_effective_group"], ".2f"),
-                f"{a['effective_fraction']:.2f} |"]))
+                f"{a['rollouts_per_effective_group']:.1f}", _ci(a["steps"], ".1f"), f"{a['effective_fraction']:.2f} |"]))
     lines += ["", "How the columns are computed:",
               "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
               "cumulative rollouts curve at X% of the budget, linear between evaluations; final acc: the last "
@@ -164,7 +168,10 @@ def format_report(report: Mapping[str, Any]) -> str:
               "- train s: training wall-clock (collect, advantages, update, sync), without evaluation; runs share "
               "the machine's cores, so seconds compare within one matrix only. train s / eff. group: a run's "
               "training seconds over its effective groups (the streaming driver, `--driver stream`, shows up "
-              "here). eff. frac: effective / committed groups over all seeds."]
+              "here). eff. frac: effective / committed groups over all seeds.",
+              "- rollouts / eff. group: all seeds' rollouts over their effective groups (what the allocator saves); "
+              "steps: training steps (= weight updates) the budget bought; with `surplus=bank` (the default) every "
+              "batch is `groups_per_step` groups, so saved rollouts show up as more steps."]
     return "\n".join(lines) + "\n"
 
 
