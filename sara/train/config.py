@@ -52,6 +52,10 @@ class EvalConfig(SaraModel):
     """Sampled completions per prompt at the training temperature (``eval/acc_sample``)."""
     greedy: bool = True
     """Also report greedy accuracy (``eval/acc_greedy``)."""
+    by: str | None = "component"
+    """Also report ``eval/acc_sample/<value>`` per value of this ``Prompt.metadata`` key when the held-out prompts
+    carry it with at most 32 distinct values (``component``: the bands of a ``sara/Mixture-v0`` pool; ``level``:
+    MATH levels; None = off). Shows which part of a curriculum moves."""
 
 
 TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 800}}

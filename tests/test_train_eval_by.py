@@ -1,0 +1,38 @@
+"""Held-out accuracy per prompt label (``EvalConfig.by``): a mixture pool's evaluation reports every component, their
+prompt-weighted mean is the overall accuracy, and ``by=None`` or a pool without the key reports none."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from sara.train import TrainConfig, Trainer  # noqa: E402
+
+MIX = "sara/Mixture-v0:components=a=sara/Arithmetic-v0(max_digits=1;ops=+)@0.5|b=sara/Arithmetic-v0(min_digits=2;max_digits=2;ops=+)@0.5,pool_size=40,eval_size=12"
+
+
+def _evaluate(tmp_path, task, **eval_opts):
+    cfg = TrainConfig(task=task, k=4, groups_per_step=2, steps=1, threads=1, progress=False, tensorboard=False,
+                      out_dir=str(tmp_path), eval={"num_prompts": 12, "samples": 2, "greedy": False, **eval_opts},
+                      policy_options={"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}})
+    with Trainer(cfg) as trainer:
+        prompts = trainer.eval_env.prompts[:12]
+        return trainer.evaluate(), [p.metadata.get("component") for p in prompts]
+
+
+def test_a_mixture_pool_reports_accuracy_per_component(tmp_path):
+    out, labels = _evaluate(tmp_path, MIX)
+    per = {k.rsplit("/", 1)[1]: v for k, v in out.items() if k.startswith("eval/acc_sample/")}
+    assert set(per) == {"a", "b"} == set(labels)
+    share = {n: labels.count(n) / len(labels) for n in per}
+    assert sum(per[n] * share[n] for n in per) == pytest.approx(out["eval/acc_sample"])
+    assert all(0.0 <= v <= 1.0 for v in per.values())
+
+
+@pytest.mark.parametrize("task,opts", [(MIX, {"by": None}), ("sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=12", {})])
+def test_no_labels_no_per_label_metrics(tmp_path, task, opts):
+    out, _ = _evaluate(tmp_path, task, **opts)
+    assert "eval/acc_sample" in out and not [k for k in out if k.startswith("eval/acc_sample/")]
+    assert np.isfinite(out["eval/acc_sample"])
