@@ -10,9 +10,8 @@ become more optimizer steps at the same rollout budget.
 Lag is bounded by one weight update: every banked group is trained in the very next step (if the bank ever holds more
 than a batch, that batch grows rather than waiting). A banked rollout is stamped with the step that generated it
 (``Rollout.metadata["policy_step"]``), so the learner trains it with its generator's log-probs as old log-probs
-(``sara.train.learner.make_batch``: stale rows), as it does for the streaming driver's carried rollouts. A step that
-the run's last step (or the one that spends the rollout budget) banks nothing (``flush``): no rollout is left
-untrained. A checkpoint holds the bank (``state_dict``: rollouts with their token ids and log-probs; prompts by pool
+(``sara.train.learner.make_batch``: stale rows), as it does for the streaming driver's carried rollouts. The run's
+last step (or the one that spends the rollout budget) banks nothing (``flush``): no rollout is left untrained. A checkpoint holds the bank (``state_dict``: rollouts with their token ids and log-probs; prompts by pool
 index), so a run resumed from any checkpoint trains the same batches as the uninterrupted one.
 
 Group ids are unique only within a collection step; the batch renumbers its groups ``0..n-1`` so a banked group never

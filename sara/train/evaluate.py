@@ -11,8 +11,9 @@ __all__ = ["held_out_accuracy"]
 
 
 def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None) -> dict[str, float]:
-    """``eval/acc_sample`` (training temperature, ``config.eval.samples`` per prompt), per ``config.eval.by`` label
-    (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed, ``eval/acc_greedy`` (when ``config.eval.greedy``) and ``time/eval``.
+    """``eval/acc_sample`` (training temperature, ``config.eval.samples`` per prompt), the same per
+    ``config.eval.by`` label (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed,
+    ``eval/acc_greedy`` (when ``config.eval.greedy``) and ``time/eval``.
 
     Args:
         config: The run's ``TrainConfig`` (``eval`` and ``seed`` are read).
