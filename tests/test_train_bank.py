@@ -127,3 +127,18 @@ def test_a_checkpoint_holds_the_bank_and_a_resumed_run_trains_the_same_batches(t
         tail = _steps(resumed, 4 - cut)
     strip = lambda ms: deterministic_view([{k: v for k, v in m.items() if not k.startswith("time/")} for m in ms])  # noqa: E731
     assert strip(head + tail) == strip(full)
+
+
+def test_the_step_that_spends_the_rollout_budget_flushes_the_bank(tmp_path):
+    pytest.importorskip("torch")
+    from sara.train import Trainer
+
+    with Trainer(_cfg(tmp_path / "free")) as trainer:  # where DS commits a surplus: the second step (4 for 3)
+        free = _steps(trainer, 2)
+    assert free[1]["train/banked_groups"] > 0, "no surplus to flush"
+    budget = int(free[0]["alloc/rollouts"] + free[1]["alloc/rollouts"])
+    with Trainer(_cfg(tmp_path / "budget", steps=50, rollout_budget=budget)) as trainer:
+        ms = _steps(trainer, 2)  # the same two steps; the second spends the budget exactly
+        assert trainer.budget_spent() and len(trainer.bank) == 0
+    assert [m["alloc/committed_groups"] for m in ms] == [m["alloc/committed_groups"] for m in free]
+    assert ms[1]["train/batch_groups"] > free[1]["train/batch_groups"]  # the surplus trained, not banked

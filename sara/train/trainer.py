@@ -155,9 +155,8 @@ class Trainer:
             # 2. Advantages: the batch (banked surplus + this step's groups), rollout-time log-probs (old, reference),
             # values, then the algorithm's estimator.
             with timer("advantages"):
-                spent = cfg.rollout_budget is not None and (
-                    self.totals["rollouts"] + result.stats.rollouts >= cfg.rollout_budget)
-                groups = self.bank.batch(result.groups, self.step, flush=self.step + 1 >= self._horizon or spent)
+                last = self.step + 1 >= self._horizon or self.budget_spent(pending=result.stats.rollouts)
+                groups = self.bank.batch(result.groups, self.step, flush=last)
                 batch = learner.make_batch(groups, step=self.step)
                 advantages, returns, extra = learner.advantages(batch) if batch is not None else (None, None, {})
             # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
@@ -229,9 +228,10 @@ class Trainer:
         finally:
             logger.close()
 
-    def budget_spent(self) -> bool:
+    def budget_spent(self, pending: int = 0) -> bool:
+        """Whether the rollout budget is spent (counting ``pending`` rollouts not yet in the totals)."""
         b = self.config.rollout_budget
-        return b is not None and self.totals["rollouts"] >= b
+        return b is not None and self.totals["rollouts"] + pending >= b
 
     def _carry_lag(self) -> int:
         """``carry_lag`` for the step about to run: 0 when it writes a checkpoint or is the run's last (a checkpoint
