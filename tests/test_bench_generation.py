@@ -128,8 +128,39 @@ def test_a_carrying_spec_leaves_nothing_running_and_regenerates_what_it_delivere
     _check_report(report, ["ds", "sara+carry"])
     assert backend.inflight() == 0  # the last step's carry was aborted (and counted)
     carry = report["results"][1]
-    # every delivered rollout in a closed group is regenerated in the full batches (the last carry's are not)
+    # every delivered rollout is regenerated in the full batches (the last step carries nothing over)
     assert 0 < carry["full_batch_tokens"] <= carry["tokens"]
+
+
+def test_seeds_are_pooled_with_paired_intervals_against_the_reference(tiny):
+    """Two seeds: totals are sums over the seeds, the ratios are ratios of pooled rates, each ratio has a 95% interval
+    over the per-seed ratios, and the reference is 1.0 against itself at every seed."""
+    task, backend = tiny
+    specs = ["ds", "sara", "sara+stream"]
+    one = [run_generation_bench(dict(allocators=specs, groups=2, k=4, steps=2, task=TASK, seed=s), backend=backend,
+                                task=task)["results"] for s in (3, 4)]
+    report = run_generation_bench(dict(allocators=specs, groups=2, k=4, steps=2, task=TASK, seed=3, seeds=2,
+                                       reference="sara"), backend=backend, task=task)
+    _check_report(report, specs)
+    for i, r in enumerate(report["results"]):
+        assert [p["seed"] for p in r["per_seed"]] == [3, 4]
+        for key in ("rollouts", "effective_groups", "aborted_rollouts"):
+            assert r[key] == one[0][i][key] + one[1][i][key]  # the same runs as two single-seed ones
+        for p, alone in zip(r["per_seed"], (one[0][i], one[1][i])):
+            assert p["rollouts_per_effective_group"] == alone["rollouts_per_effective_group"]
+        assert set(r["ci95"]) == {"throughput_ratio", "wall_ratio_vs_ds", "ratio_vs_ds", "ratio_vs_reference"}
+        assert r["ci95"]["ratio_vs_ds"] is not None and r["ci95"]["ratio_vs_ds"] >= 0
+    ref = report["results"][1]
+    assert ref["ratio_vs_reference"] == 1.0 and [p["ratio_vs_reference"] for p in ref["per_seed"]] == [1.0, 1.0]
+    assert ref["ci95"]["ratio_vs_reference"] == 0.0
+    assert math.isclose(report["results"][2]["ratio_vs_reference"],
+                        report["results"][2]["rollouts_per_effective_group"] / ref["rollouts_per_effective_group"])
+    assert "vs `sara`" in format_table(report) and "± " in format_table(report)
+
+
+def test_a_reference_that_is_not_one_of_the_allocators_is_a_config_error():
+    with pytest.raises(ConfigError, match="reference"):
+        run_generation_bench(dict(allocators=["ds", "sara"], reference="sara+stream"))
 
 
 

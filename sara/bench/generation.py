@@ -5,11 +5,15 @@ fixed, no training), with the same task prompts, prompt sampler seed and rollout
 ``sara.collect.collect`` (synchronous rounds) or, with the ``+stream`` suffix, by ``sara.collect_stream`` (per-rollout
 decisions on a continuously batched engine), with ``+carry`` by ``sara.collect_stream`` with carry-over (``carry_lag``:
 open units and running rollouts move into the next step; such a spec runs its steps back to back, since what it
-leaves running belongs on the engine between its own steps, and what is left after its last step is aborted and
-counted). After each step, the step's delivered rollouts (same prompts, same seeds,
+leaves running belongs on the engine between its own steps; its last step carries nothing, as a training run's last
+step does, and what it has in flight then is aborted and counted). After each step, the step's delivered rollouts (same prompts, same seeds,
 same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's full-batch throughput on the same
 work, measured in the same run. Allocators are interleaved step by step (step 0 of every spec, then step 1, ...), so
 load that drifts during the run slows all of them alike.
+
+With ``seeds`` > 1 the whole run is repeated per seed (prompt sampler and rollout seeds; the tiny policy stays the one
+of ``seed``), and ``results[i]`` pools the seeds, with 95% intervals of the ratios over the per-seed ratios
+(``sara.bench.generation_report``).
 
 Per allocator (``results[i]`` of the JSON report):
 
@@ -20,25 +24,24 @@ Per allocator (``results[i]`` of the JSON report):
 * ``full_batch_tokens_per_second``: tokens / seconds of the one-batch regeneration (generation only, no scoring);
   ``throughput_ratio`` = the first over the second (1.0 = the driver keeps the engine as busy as one full batch).
 * ``seconds_per_effective_group`` and ``wall_ratio_vs_ds`` (over the ``ds`` entry's); ``rollouts_per_effective_group``
-  (delivered rollouts; aborted ones are counted in ``aborted_rollouts``) and ``ratio_vs_ds``.
+  (delivered rollouts; aborted ones are counted in ``aborted_rollouts``) and ``ratio_vs_ds``; ``ratio_vs_reference``: rollouts per effective group over the ``reference`` spec's.
 * ``mean_inflight``: average rollouts in flight. Streaming: the driver's ``stats.mean_inflight``. Synchronous: live
   rows per decode step, ``sum(tokens) / sum over rounds of the round's longest completion``.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
 
+from sara.bench.generation_report import finish_report, format_table, write_json
 from sara.config import ConfigError, SaraModel, parse_spec, validate_config
 
 __all__ = ["GenerationBenchConfig", "STREAM_SUFFIX", "DEFAULT_TASKS", "parse_allocators", "run_generation_bench",
-           "format_table", "write_json"]
+           "format_table", "write_json"]  # the last two live in sara.bench.generation_report
 
 STREAM_SUFFIX = "+stream"
 """An allocator spec ending in this runs under ``collect_stream`` instead of ``collect``."""
@@ -77,6 +80,12 @@ class GenerationBenchConfig(SaraModel):
     """Collection steps per allocator."""
     seed: int = Field(0, ge=0)
     """Seed of the prompt sampler, the rollouts and the tiny policy's warm start."""
+    seeds: int = Field(1, ge=1)
+    """Repeat the run with the sampler and rollout seeds ``seed``, ``seed + 1``, ...; the report pools them and gives
+    95% intervals of the ratios (the tiny policy stays the one of ``seed``)."""
+    reference: str | None = None
+    """An entry of ``allocators`` (``sara``, ``sara+carry``, ...) whose rollouts per effective group the others are
+    compared with (``ratio_vs_reference``, paired per seed). None: no such column."""
     slots: int | None = Field(None, ge=1)
     """Streaming: the engine's concurrent completions (``SLOT_OPTIONS[backend]``, unless the backend spec sets it)
     and the rollouts the driver keeps in flight (``max_inflight``). None = the engine's default."""
@@ -101,6 +110,14 @@ class GenerationBenchConfig(SaraModel):
         for spec in v:
             base, _ = split_driver(spec)
             parse_spec(base)
+        return v
+
+    @field_validator("reference")
+    @classmethod
+    def _reference_is_a_spec(cls, v: str | None, info: Any) -> str | None:
+        specs = info.data.get("allocators") or []
+        if v is not None and v not in specs:
+            raise ValueError(f"{v!r} is not one of the allocators ({'; '.join(specs)}); give one of them or none")
         return v
 
 
@@ -212,24 +229,25 @@ def _reset_cache(backend: Any) -> None:
 
 
 class _Run:
-    """One allocator spec's steps and running totals (runs are interleaved step by step, so a machine whose load
-    drifts during the benchmark slows every allocator alike)."""
+    """One allocator spec's steps at one seed and their running totals (runs are interleaved step by step, so a
+    machine whose load drifts during the benchmark slows every allocator alike)."""
 
-    def __init__(self, cfg: GenerationBenchConfig, spec: str, driver: str, env: Any) -> None:
+    def __init__(self, cfg: GenerationBenchConfig, spec: str, driver: str, env: Any, seed: int) -> None:
         from sara.allocators import make_allocator, make_sampler
 
-        self.cfg, self.spec, self.driver = cfg, spec, driver
+        self.cfg, self.spec, self.driver, self.seed = cfg, spec, driver, seed
         self.allocator = make_allocator(spec, k=cfg.k)
-        self.sampler = make_sampler(cfg.sampler, len(env.prompts), seed=cfg.seed, k=self.allocator.k)
+        self.sampler = make_sampler(cfg.sampler, len(env.prompts), seed=seed, k=self.allocator.k)
         self.rec = _Recorder(env)
         self.carry: Any = None  # driver 'carry': what the last step left running
         self.pending: list[Any] = []  # driver 'carry': steps whose full batch waits until nothing runs any more
-        self.acc = dict(tokens=0, rollouts=0, effective_groups=0, aborted_rollouts=0, aborted_tokens=0,
-                        wall_seconds=0.0, full_tokens=0, full_seconds=0.0, inflight_weighted=0.0,
-                        generate_seconds=0.0, score_seconds=0.0)
+        self.acc: dict[str, Any] = dict(
+            spec=spec, driver=driver, tokens=0, rollouts=0, effective_groups=0, aborted_rollouts=0, aborted_tokens=0,
+            wall_seconds=0.0, full_batch_tokens=0, full_batch_seconds=0.0, inflight_seconds=0.0,
+            generate_seconds=0.0, score_seconds=0.0, decode_tokens=0, decode_steps=0)
 
     def step(self, step: int, backend: Any, env: Any, log: Callable[[str], None] | None) -> None:
-        """One timed collection step, then its rollouts as one full batch."""
+        """One timed collection step, then (once nothing it started runs any more) its rollouts as one full batch."""
         from sara.collect import collect
 
         cfg, acc = self.cfg, self.acc
@@ -239,12 +257,13 @@ class _Run:
         if self.driver != "sync":
             from sara.collect_stream import collect_stream
 
+            last = step + 1 == cfg.steps  # a run's last step carries nothing over (as a training run's)
+            lag = cfg.carry_lag if self.driver == "carry" and not last else 0
             res = collect_stream(self.allocator, env, self.sampler, target_groups=cfg.groups, max_inflight=cfg.slots,
-                                 seed=cfg.seed, step=step, carry=self.carry,
-                                 carry_lag=cfg.carry_lag if self.driver == "carry" else 0)
+                                 seed=self.seed, step=step, carry=self.carry, carry_lag=lag)
             self.carry = res.carry
         else:
-            res = collect(self.allocator, self.rec, self.sampler, target_groups=cfg.groups, seed=cfg.seed, step=step)
+            res = collect(self.allocator, self.rec, self.sampler, target_groups=cfg.groups, seed=self.seed, step=step)
         wall = time.perf_counter() - t0
         m1 = env.metrics()
         st = res.stats
@@ -254,67 +273,36 @@ class _Run:
         acc["effective_groups"] += st.effective_groups
         acc["aborted_rollouts"] += st.aborted_rollouts
         acc["aborted_tokens"] += st.aborted_tokens
-        acc["inflight_weighted"] += st.mean_inflight * wall
+        acc["inflight_seconds"] += st.mean_inflight * wall
         acc["generate_seconds"] += m1["env/generate_seconds"] - m0["env/generate_seconds"]
         acc["score_seconds"] += m1["env/score_seconds"] - m0["env/score_seconds"]
+        acc["decode_tokens"], acc["decode_steps"] = self.rec.tokens, self.rec.decode_steps
         if log is not None:
-            log(f"{self.spec} ({self.driver}) step {step + 1}/{cfg.steps}: {st.rollouts} rollouts, "
+            log(f"{self.spec} ({self.driver}) seed {self.seed} step {step + 1}/{cfg.steps}: {st.rollouts} rollouts, "
                 f"{st.effective_groups} effective groups, {st.tokens + st.aborted_tokens} tokens in {wall:.1f} s")
         self.pending.append(res)
-        if self.driver == "carry" and step + 1 < cfg.steps:
-            return  # its rollouts still run on the engine: the full batches wait for the last step
-        if self.carry is not None:  # the last step: what it left running is aborted (waste, counted)
-            from sara.collect_stream import release_carry
-
-            t0 = time.perf_counter()
-            left = release_carry(env, self.carry)
-            acc["wall_seconds"] += time.perf_counter() - t0
-            acc["tokens"] += left
-            acc["aborted_tokens"] += left
-            acc["aborted_rollouts"] += len(self.carry.live)
-            self.carry = None
+        if self.carry is not None:
+            return  # its rollouts still run on the engine: the full batches wait until nothing does
         for done in self.pending:
             _reset_cache(backend)
             tok, sec = _full_batch(backend, env, done)
-            acc["full_tokens"] += tok
-            acc["full_seconds"] += sec
+            acc["full_batch_tokens"] += tok
+            acc["full_batch_seconds"] += sec
         self.pending = []
 
-    def result(self) -> dict[str, Any]:
-        """This allocator's entry of the report (the ratios to DS are filled in by ``_ratios_vs_ds``)."""
-        acc, rec = self.acc, self.rec
-        if self.driver != "sync":
-            mean_inflight = acc["inflight_weighted"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
-        else:
-            mean_inflight = rec.tokens / rec.decode_steps if rec.decode_steps else 0.0
-        eff = acc["effective_groups"]
-        tps = acc["tokens"] / acc["wall_seconds"] if acc["wall_seconds"] else 0.0
-        full_tps = acc["full_tokens"] / acc["full_seconds"] if acc["full_seconds"] else 0.0
-        return {
-            "allocator": self.spec, "driver": self.driver,
-            "tokens_per_second": tps, "full_batch_tokens_per_second": full_tps,
-            "throughput_ratio": tps / full_tps if full_tps else None,
-            "seconds_per_effective_group": acc["wall_seconds"] / eff if eff else None,
-            "wall_ratio_vs_ds": None,
-            "rollouts_per_effective_group": acc["rollouts"] / eff if eff else None,
-            "ratio_vs_ds": None,
-            "mean_inflight": mean_inflight,
-            "aborted_rollouts": acc["aborted_rollouts"], "aborted_tokens": acc["aborted_tokens"],
-            "tokens": acc["tokens"], "rollouts": acc["rollouts"], "effective_groups": eff,
-            "wall_seconds": acc["wall_seconds"],
-            "generate_seconds": acc["generate_seconds"], "score_seconds": acc["score_seconds"],
-            "full_batch_tokens": acc["full_tokens"], "full_batch_seconds": acc["full_seconds"],
-        }
 
-
-def _ratios_vs_ds(results: list[dict[str, Any]]) -> None:
-    ds = next((r for r in results if parse_spec(r["allocator"])[0] == "ds" and r["driver"] == "sync"), None)
-    if ds is None:
-        return
-    for r in results:
-        for key, ref, out in (("seconds_per_effective_group", ds["seconds_per_effective_group"], "wall_ratio_vs_ds"),
-                              ("rollouts_per_effective_group", ds["rollouts_per_effective_group"], "ratio_vs_ds")):
-            r[out] = r[key] / ref if r[key] is not None and ref else None
+def _run_seed(cfg: GenerationBenchConfig, env: Any, backend: Any, seed: int,
+              log: Callable[[str], None] | None) -> list[dict[str, Any]]:
+    """Every spec at one seed: their totals, in ``cfg.allocators`` order."""
+    runs = [_Run(cfg, spec, driver, env, seed) for spec, driver in (split_driver(s) for s in cfg.allocators)]
+    for step in range(cfg.steps):  # interleaved step by step, except specs that carry work over
+        for run in runs:
+            if run.driver != "carry":
+                run.step(step, backend, env, log)
+    for run in runs:
+        for step in range(cfg.steps) if run.driver == "carry" else ():
+            run.step(step, backend, env, log)
+    return [run.acc for run in runs]
 
 
 def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, backend: Any = None,
@@ -348,19 +336,12 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
         with TaskEnv(task, backend, sampling) as env:
             _check_streaming(cfg, backend, env)
             backend.generate([_warm_request(env)], sampling)  # warm-up (first-call set-up, not measured)
-            runs = [_Run(cfg, spec, driver, env) for spec, driver in (split_driver(s) for s in cfg.allocators)]
-            for step in range(cfg.steps):  # interleaved step by step, except specs that carry work over
-                for run in runs:
-                    if run.driver != "carry":
-                        run.step(step, backend, env, log)
-            for run in runs:
-                for step in range(cfg.steps) if run.driver == "carry" else ():
-                    run.step(step, backend, env, log)
-            results = [run.result() for run in runs]
+            seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
+            per_seed = [_run_seed(cfg, env, backend, seed, log) for seed in seeds]
     finally:
         if owned:
             backend.close()
-    _ratios_vs_ds(results)
+    results = finish_report(per_seed, seeds, cfg.reference)
     return {"backend": cfg.backend, "task": task_spec, "config": cfg.model_dump(), "results": results}
 
 
@@ -370,31 +351,3 @@ def _warm_request(env: Any) -> Any:
 
     req = RolloutRequest(unit_id=0, pool_index=0, prompt=env.prompts[0], seeds=(0,))
     return GenerationRequest(prompt=env.render(req), seeds=tuple(range(8)))
-
-
-def _fmt(x: Any, spec: str = ".2f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def format_table(report: dict[str, Any]) -> str:
-    """The report as a markdown table (one row per allocator)."""
-    head = ("| allocator | driver | tok/s | full batch tok/s | throughput ratio | s / eff. group | wall vs DS | "
-            "rollouts / eff. group | vs DS | mean in flight | aborted | eff. groups |")
-    lines = [f"backend {report['backend']}, task {report['task']}", "", head,
-             "|" + "---|" * (head.count("|") - 1)]
-    for r in report["results"]:
-        lines.append(f"| `{r['allocator']}` | {r['driver']} | {_fmt(r['tokens_per_second'], '.1f')} | "
-                     f"{_fmt(r['full_batch_tokens_per_second'], '.1f')} | {_fmt(r['throughput_ratio'])} | "
-                     f"{_fmt(r['seconds_per_effective_group'], '.3f')} | {_fmt(r['wall_ratio_vs_ds'])} | "
-                     f"{_fmt(r['rollouts_per_effective_group'], '.1f')} | {_fmt(r['ratio_vs_ds'])} | "
-                     f"{_fmt(r['mean_inflight'], '.1f')} | {r['aborted_rollouts']} | {r['effective_groups']} |")
-    return "\n".join(lines)
-
-
-def write_json(report: dict[str, Any], path: str | Path) -> Path:
-    """Write the report as JSON (parent directories created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return path
-

@@ -63,6 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--k", type=int, default=8, help="group size")
     g.add_argument("--steps", type=int, default=3, help="collection steps per allocator")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seeds", type=int, default=1, help="repeat with seeds seed, seed+1, ...: pooled figures and 95%% "
+                   "intervals of the ratios over seeds")
+    g.add_argument("--reference", default=None, help="one of the --allocators specs (e.g. 'sara'): add the column "
+                   "rollouts per effective group over its own, paired per seed")
     g.add_argument("--slots", type=int, default=None,
                    help="rollouts the streaming driver keeps in flight (default: the engine's slots)")
     g.add_argument("--max-new-tokens", type=int, default=None, help="generation cap (default: the task's)")
@@ -123,7 +127,8 @@ def _generation(args: argparse.Namespace) -> int:
     specs = [spec + ("" if driver == "sync" else f"+{driver}") for spec, driver in parse_allocators(args.allocators)]
     cfg = validate_config(GenerationBenchConfig, dict(
         backend=args.backend, allocators=specs, task=args.task, groups=args.groups, k=args.k, steps=args.steps,
-        seed=args.seed, slots=args.slots, max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag),
+        seed=args.seed, seeds=args.seeds, reference=args.reference, slots=args.slots,
+        max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag),
         what="bench generation")
     report = run_generation_bench(cfg, log=lambda line: print(f"[bench generation] {line}", file=sys.stderr,
                                                                flush=True))
