@@ -172,3 +172,18 @@ def test_cli_prints_one_error_line_for_a_bad_backend_or_spec_list(capsys):
     assert err.startswith("sara: error:") and "field 'backend'" in err and "tiny, hf, vllm" in err
     assert main(["bench", "generation", "--allocators", "ds;;sara"]) == 2
     assert "field 'allocators'" in capsys.readouterr().err
+
+
+def test_allocators_are_composed_with_the_pool_as_in_training():
+    """The bench wires allocator and sampler as sara.train does (``compose`` with the pool): on a mixture pool,
+    ``sara`` splits its population prior by component."""
+    from types import SimpleNamespace
+
+    from sara.allocators.grouped import GroupedGridPrior
+    from sara.bench.generation import GenerationBenchConfig, _Run
+    from sara.envs.tasks import make_task
+
+    task = make_task("sara/Mixture-v0:components=arithmetic-bands,pool_size=200,eval_size=20")
+    run = _Run(GenerationBenchConfig(allocators=["sara"]), "sara", "sync", SimpleNamespace(prompts=task.prompts), 0)
+    prior = run.allocator.prior
+    assert isinstance(getattr(prior, "base", prior), GroupedGridPrior)

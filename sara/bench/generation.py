@@ -233,11 +233,12 @@ class _Run:
     machine whose load drifts during the benchmark slows every allocator alike)."""
 
     def __init__(self, cfg: GenerationBenchConfig, spec: str, driver: str, env: Any, seed: int) -> None:
-        from sara.allocators import make_allocator, make_sampler
+        from sara.allocators import compose, make_allocator, make_sampler
 
         self.cfg, self.spec, self.driver, self.seed = cfg, spec, driver, seed
-        self.allocator = make_allocator(spec, k=cfg.k)
-        self.sampler = make_sampler(cfg.sampler, len(env.prompts), seed=seed, k=self.allocator.k)
+        allocator = make_allocator(spec, k=cfg.k)  # composed as sara.train does (per-component priors, ...)
+        self.allocator, self.sampler = compose(
+            allocator, make_sampler(cfg.sampler, len(env.prompts), seed=seed, k=allocator.k), prompts=env.prompts)
         self.rec = _Recorder(env)
         self.carry: Any = None  # driver 'carry': what the last step left running
         self.pending: list[Any] = []  # driver 'carry': steps whose full batch waits until nothing runs any more
