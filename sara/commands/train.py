@@ -1,7 +1,8 @@
 """``sara train``: train a policy with an RL algorithm and a rollout allocator; print what it learned and saved.
 
 With no arguments it runs the embedded default (``TrainConfig()``): GRPO + SARA on the tiny transformer policy and
-``sara/Arithmetic-v0``, a few minutes on 2 CPU cores (the first run also warm-starts the policy, cached afterwards).
+the mixture of arithmetic bands (``sara/Mixture-v0:components=arithmetic-bands``), a few minutes on 2 CPU cores (the
+first run also warm-starts the policy, cached afterwards).
 """
 
 from __future__ import annotations
