@@ -148,7 +148,8 @@ def test_seeds_are_pooled_with_paired_intervals_against_the_reference(tiny):
             assert r[key] == one[0][i][key] + one[1][i][key]  # the same runs as two single-seed ones
         for p, alone in zip(r["per_seed"], (one[0][i], one[1][i])):
             assert p["rollouts_per_effective_group"] == alone["rollouts_per_effective_group"]
-        assert set(r["ci95"]) == {"throughput_ratio", "wall_ratio_vs_ds", "ratio_vs_ds", "ratio_vs_reference"}
+        assert set(r["ci95"]) == {"throughput_ratio", "wall_ratio_vs_ds", "ratio_vs_ds", "ratio_vs_reference",
+                                  "full_ratio_vs_reference"}
         assert r["ci95"]["ratio_vs_ds"] is not None and r["ci95"]["ratio_vs_ds"] >= 0
     ref = report["results"][1]
     assert ref["ratio_vs_reference"] == 1.0 and [p["ratio_vs_reference"] for p in ref["per_seed"]] == [1.0, 1.0]
@@ -156,6 +157,19 @@ def test_seeds_are_pooled_with_paired_intervals_against_the_reference(tiny):
     assert math.isclose(report["results"][2]["ratio_vs_reference"],
                         report["results"][2]["rollouts_per_effective_group"] / ref["rollouts_per_effective_group"])
     assert "vs `sara`" in format_table(report) and "± " in format_table(report)
+
+
+def test_full_size_groups_are_counted_apart_from_partial_ones(tiny):
+    """A streaming step commits the groups still filling when its target is reached as they are; the report counts
+    effective groups of the full size k separately (synchronous rounds fill every committed group)."""
+    task, backend = tiny
+    report = run_generation_bench(dict(allocators=["sara", "sara_async:work_conserving=true+stream"], groups=4, k=4,
+                                       steps=2, task=TASK), backend=backend, task=task)
+    sync, stream = report["results"]
+    assert sync["full_groups"] == sync["effective_groups"] > 0
+    assert math.isclose(sync["rollouts_per_full_group"], sync["rollouts_per_effective_group"])
+    assert 0 < stream["full_groups"] < stream["effective_groups"]  # work-conserving streaming leaves partial groups
+    assert math.isclose(stream["rollouts_per_full_group"], stream["rollouts"] / stream["full_groups"])
 
 
 def test_a_reference_that_is_not_one_of_the_allocators_is_a_config_error():

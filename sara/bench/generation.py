@@ -23,6 +23,9 @@ Per allocator (``results[i]`` of the JSON report):
   environment's time where the environment reports it.
 * ``full_batch_tokens_per_second``: tokens / seconds of the one-batch regeneration (generation only, no scoring);
   ``throughput_ratio`` = the first over the second (1.0 = the driver keeps the engine as busy as one full batch).
+* ``full_groups`` / ``rollouts_per_full_group`` / ``full_ratio_vs_reference``: the same counting only effective groups
+  of the full size k. A streaming step that reaches its target commits the groups still being filled as they are
+  (smaller groups; ``sara.allocators.sequential``), and they count as effective groups above.
 * ``seconds_per_effective_group`` and ``wall_ratio_vs_ds`` (over the ``ds`` entry's); ``rollouts_per_effective_group``
   (delivered rollouts; aborted ones are counted in ``aborted_rollouts``) and ``ratio_vs_ds``; ``ratio_vs_reference``: rollouts per effective group over the ``reference`` spec's.
 * ``mean_inflight``: average rollouts in flight. Streaming: the driver's ``stats.mean_inflight``. Synchronous: live
@@ -35,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from pydantic import Field, field_validator
 
 from sara.bench.generation_report import finish_report, format_table, write_json
@@ -243,7 +247,8 @@ class _Run:
         self.carry: Any = None  # driver 'carry': what the last step left running
         self.pending: list[Any] = []  # driver 'carry': steps whose full batch waits until nothing runs any more
         self.acc: dict[str, Any] = dict(
-            spec=spec, driver=driver, tokens=0, rollouts=0, effective_groups=0, aborted_rollouts=0, aborted_tokens=0,
+            spec=spec, driver=driver, tokens=0, rollouts=0, effective_groups=0, full_groups=0, aborted_rollouts=0,
+            aborted_tokens=0,
             wall_seconds=0.0, full_batch_tokens=0, full_batch_seconds=0.0, inflight_seconds=0.0,
             generate_seconds=0.0, score_seconds=0.0, decode_tokens=0, decode_steps=0)
 
@@ -272,6 +277,8 @@ class _Run:
         acc["tokens"] += st.tokens + st.aborted_tokens
         acc["rollouts"] += st.rollouts
         acc["effective_groups"] += st.effective_groups
+        eps = getattr(self.allocator, "eps", 1e-6)
+        acc["full_groups"] += sum(1 for g in res.groups if g.size >= cfg.k and float(np.std(g.rewards)) > eps)
         acc["aborted_rollouts"] += st.aborted_rollouts
         acc["aborted_tokens"] += st.aborted_tokens
         acc["inflight_seconds"] += st.mean_inflight * wall

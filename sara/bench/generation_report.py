@@ -4,7 +4,7 @@ intervals, the markdown table and the JSON file.
 Each allocator spec runs once per seed (``GenerationBenchConfig.seeds``). A result's totals (tokens, seconds, rollouts,
 effective groups, aborts) are summed over the seeds, so ``tokens_per_second``, ``seconds_per_effective_group`` and
 ``rollouts_per_effective_group`` are pooled rates, and the ratios (``throughput_ratio``, ``wall_ratio_vs_ds``,
-``ratio_vs_ds``, ``ratio_vs_reference``) are ratios of pooled rates. With two seeds or more, ``ci95`` gives the
+``ratio_vs_ds``, ``ratio_vs_reference``, ``full_ratio_vs_reference``) are ratios of pooled rates. With two seeds or more, ``ci95`` gives the
 half-width of the 95% Student-t interval of each ratio over the per-seed ratios (paired: the same seed's prompts and
 rollout seeds in both specs), and ``per_seed`` each seed's own figures.
 """
@@ -20,10 +20,10 @@ from sara.bench.curves import t_interval
 
 __all__ = ["RATIOS", "finish_report", "format_table", "seed_result", "write_json"]
 
-RATIOS = ("throughput_ratio", "wall_ratio_vs_ds", "ratio_vs_ds", "ratio_vs_reference")
+RATIOS = ("throughput_ratio", "wall_ratio_vs_ds", "ratio_vs_ds", "ratio_vs_reference", "full_ratio_vs_reference")
 """The ratios a multi-seed report gives intervals for."""
 
-_SUMS = ("tokens", "rollouts", "effective_groups", "aborted_rollouts", "aborted_tokens", "wall_seconds",
+_SUMS = ("tokens", "rollouts", "effective_groups", "full_groups", "aborted_rollouts", "aborted_tokens", "wall_seconds",
          "generate_seconds", "score_seconds", "full_batch_tokens", "full_batch_seconds", "inflight_seconds",
          "decode_tokens", "decode_steps")
 _INTERNAL = ("inflight_seconds", "decode_tokens", "decode_steps")
@@ -46,6 +46,8 @@ def seed_result(spec: str, driver: str, acc: dict[str, Any]) -> dict[str, Any]:
         "wall_ratio_vs_ds": None,
         "rollouts_per_effective_group": acc["rollouts"] / eff if eff else None,
         "ratio_vs_ds": None, "ratio_vs_reference": None,
+        "rollouts_per_full_group": acc["rollouts"] / acc["full_groups"] if acc["full_groups"] else None,
+        "full_ratio_vs_reference": None,
         "mean_inflight": inflight,
         **{key: acc[key] for key in _SUMS if key not in _INTERNAL},
     }
@@ -67,6 +69,8 @@ def _ratios(results: list[dict[str, Any]], reference: str | None) -> None:
             r["ratio_vs_ds"] = r["rollouts_per_effective_group"] / ds["rollouts_per_effective_group"]
         if ref is not None and ref["rollouts_per_effective_group"] and r["rollouts_per_effective_group"] is not None:
             r["ratio_vs_reference"] = r["rollouts_per_effective_group"] / ref["rollouts_per_effective_group"]
+        if ref is not None and ref["rollouts_per_full_group"] and r["rollouts_per_full_group"] is not None:
+            r["full_ratio_vs_reference"] = r["rollouts_per_full_group"] / ref["rollouts_per_full_group"]
 
 
 def finish_report(per_seed: list[list[dict[str, Any]]], seeds: list[int], reference: str | None) -> list[dict[str, Any]]:
@@ -88,7 +92,7 @@ def finish_report(per_seed: list[list[dict[str, Any]]], seeds: list[int], refere
                 r["ci95"][key] = None if math.isnan(half) else half
             r["per_seed"] = [{"seed": s, **{key: row[i][key] for key in (
                 *RATIOS, "tokens_per_second", "seconds_per_effective_group", "rollouts_per_effective_group",
-                "effective_groups", "aborted_rollouts")}} for s, row in zip(seeds, rows)]
+                "rollouts_per_full_group", "effective_groups", "full_groups", "aborted_rollouts")}} for s, row in zip(seeds, rows)]
     return pooled
 
 
@@ -103,7 +107,8 @@ def format_table(report: dict[str, Any]) -> str:
     ref = report["config"].get("reference")
     head = ("| allocator | driver | tok/s | full batch tok/s | throughput ratio | s / eff. group | wall vs DS | "
             "rollouts / eff. group | vs DS | " + (f"vs `{ref}` | " if ref else "") +
-            "mean in flight | aborted | eff. groups |")
+            "rollouts / full-size eff. group | " + (f"vs `{ref}` | " if ref else "") +
+            "mean in flight | aborted | eff. groups (full size) |")
     seeds = report["config"].get("seeds", 1)
     lines = [f"backend {report['backend']}, task {report['task']}" + (f", {seeds} seeds" if seeds > 1 else ""), "",
              head, "|" + "---|" * (head.count("|") - 1)]
@@ -115,7 +120,11 @@ def format_table(report: dict[str, Any]) -> str:
                  _fmt(r["rollouts_per_effective_group"], ".1f"), _fmt(r["ratio_vs_ds"], ci=ci.get("ratio_vs_ds"))]
         if ref:
             cells.append(_fmt(r["ratio_vs_reference"], ".3f", ci.get("ratio_vs_reference")))
-        cells += [_fmt(r["mean_inflight"], ".1f"), str(r["aborted_rollouts"]), str(r["effective_groups"])]
+        cells.append(_fmt(r["rollouts_per_full_group"], ".1f"))
+        if ref:
+            cells.append(_fmt(r["full_ratio_vs_reference"], ".3f", ci.get("full_ratio_vs_reference")))
+        cells += [_fmt(r["mean_inflight"], ".1f"), str(r["aborted_rollouts"]),
+                  f"{r['effective_groups']} ({r['full_groups']})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
