@@ -201,3 +201,12 @@ def test_allocators_are_composed_with_the_pool_as_in_training():
     run = _Run(GenerationBenchConfig(allocators=["sara"]), "sara", "sync", SimpleNamespace(prompts=task.prompts), 0)
     prior = run.allocator.prior
     assert isinstance(getattr(prior, "base", prior), GroupedGridPrior)
+
+
+def test_a_ds_spec_with_options_is_the_ds_reference(tiny):
+    task, backend = tiny
+    report = run_generation_bench(dict(allocators=["ds:max_gen_batches=64", "sara"], groups=2, k=4, steps=1, task=TASK),
+                                  backend=backend, task=task)
+    ds, sara = report["results"]
+    assert ds["wall_ratio_vs_ds"] == 1.0 and ds["ratio_vs_ds"] == 1.0
+    assert sara["ratio_vs_ds"] is not None and sara["wall_ratio_vs_ds"] is not None

@@ -6,8 +6,8 @@ fixed, no training), with the same task prompts, prompt sampler seed and rollout
 decisions on a continuously batched engine), with ``+carry`` by ``sara.collect_stream`` with carry-over (``carry_lag``:
 open units and running rollouts move into the next step; such a spec runs its steps back to back, since what it
 leaves running belongs on the engine between its own steps; its last step carries nothing, as a training run's last
-step does, and what it has in flight then is aborted and counted). After each step, the step's delivered rollouts (same prompts, same seeds,
-same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's full-batch throughput on the same
+step does, and what it has in flight then is aborted and counted). After each step, the step's delivered rollouts
+(same prompts, same seeds, same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's full-batch throughput on the same
 work, measured in the same run. Allocators are interleaved step by step (step 0 of every spec, then step 1, ...), so
 load that drifts during the run slows all of them alike.
 
@@ -27,7 +27,8 @@ Per allocator (``results[i]`` of the JSON report):
   of the full size k. A streaming step that reaches its target commits the groups still being filled as they are
   (smaller groups; ``sara.allocators.sequential``), and they count as effective groups above.
 * ``seconds_per_effective_group`` and ``wall_ratio_vs_ds`` (over the ``ds`` entry's); ``rollouts_per_effective_group``
-  (delivered rollouts; aborted ones are counted in ``aborted_rollouts``) and ``ratio_vs_ds``; ``ratio_vs_reference``: rollouts per effective group over the ``reference`` spec's.
+  (delivered rollouts; aborted ones are counted in ``aborted_rollouts``) and ``ratio_vs_ds``; ``ratio_vs_reference``:
+  rollouts per effective group over the ``reference`` spec's.
 * ``mean_inflight``: average rollouts in flight. Streaming: the driver's ``stats.mean_inflight``. Synchronous: live
   rows per decode step, ``sum(tokens) / sum over rounds of the round's longest completion``.
 """
@@ -248,8 +249,7 @@ class _Run:
         self.pending: list[Any] = []  # driver 'carry': steps whose full batch waits until nothing runs any more
         self.acc: dict[str, Any] = dict(
             spec=spec, driver=driver, tokens=0, rollouts=0, effective_groups=0, full_groups=0, aborted_rollouts=0,
-            aborted_tokens=0,
-            wall_seconds=0.0, full_batch_tokens=0, full_batch_seconds=0.0, inflight_seconds=0.0,
+            aborted_tokens=0, wall_seconds=0.0, full_batch_tokens=0, full_batch_seconds=0.0, inflight_seconds=0.0,
             generate_seconds=0.0, score_seconds=0.0, decode_tokens=0, decode_steps=0)
 
     def step(self, step: int, backend: Any, env: Any, log: Callable[[str], None] | None) -> None:

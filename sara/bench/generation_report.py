@@ -4,9 +4,9 @@ intervals, the markdown table and the JSON file.
 Each allocator spec runs once per seed (``GenerationBenchConfig.seeds``). A result's totals (tokens, seconds, rollouts,
 effective groups, aborts) are summed over the seeds, so ``tokens_per_second``, ``seconds_per_effective_group`` and
 ``rollouts_per_effective_group`` are pooled rates, and the ratios (``throughput_ratio``, ``wall_ratio_vs_ds``,
-``ratio_vs_ds``, ``ratio_vs_reference``, ``full_ratio_vs_reference``) are ratios of pooled rates. With two seeds or more, ``ci95`` gives the
-half-width of the 95% Student-t interval of each ratio over the per-seed ratios (paired: the same seed's prompts and
-rollout seeds in both specs), and ``per_seed`` each seed's own figures.
+``ratio_vs_ds``, ``ratio_vs_reference``, ``full_ratio_vs_reference``) are ratios of pooled rates. With two seeds or
+more, ``ci95`` gives the half-width of the 95% Student-t interval of each ratio over the per-seed ratios (paired: the
+same seed's prompts and rollout seeds in both specs), and ``per_seed`` each seed's own figures.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sara.bench.curves import t_interval
+from sara.config import parse_spec
 
 __all__ = ["RATIOS", "finish_report", "format_table", "seed_result", "write_json"]
 
@@ -54,13 +55,13 @@ def seed_result(spec: str, driver: str, acc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ratios(results: list[dict[str, Any]], reference: str | None) -> None:
-    """Fill ``wall_ratio_vs_ds`` / ``ratio_vs_ds`` (against the first ``ds`` entry in rounds) and
+    """Fill ``wall_ratio_vs_ds`` / ``ratio_vs_ds`` (against the first ``ds`` entry in rounds, options allowed) and
     ``ratio_vs_reference`` (rollouts per effective group against the entry whose ``allocator[+driver]`` is
     ``reference``), in place."""
     def spec_of(r: dict[str, Any]) -> str:
         return r["allocator"] + ("" if r["driver"] == "sync" else f"+{r['driver']}")
 
-    ds = next((r for r in results if r["allocator"] == "ds" and r["driver"] == "sync"), None)
+    ds = next((r for r in results if parse_spec(r["allocator"])[0] == "ds" and r["driver"] == "sync"), None)
     ref = next((r for r in results if spec_of(r) == reference), None)
     for r in results:
         if ds is not None and ds["seconds_per_effective_group"] and r["seconds_per_effective_group"] is not None:
@@ -90,9 +91,9 @@ def finish_report(per_seed: list[list[dict[str, Any]]], seeds: list[int], refere
                 vals = [row[i][key] for row in rows if row[i][key] is not None]
                 half = t_interval(vals)[1] if len(vals) > 1 else math.nan
                 r["ci95"][key] = None if math.isnan(half) else half
-            r["per_seed"] = [{"seed": s, **{key: row[i][key] for key in (
-                *RATIOS, "tokens_per_second", "seconds_per_effective_group", "rollouts_per_effective_group",
-                "rollouts_per_full_group", "effective_groups", "full_groups", "aborted_rollouts")}} for s, row in zip(seeds, rows)]
+            keys = (*RATIOS, "tokens_per_second", "seconds_per_effective_group", "rollouts_per_effective_group",
+                    "rollouts_per_full_group", "effective_groups", "full_groups", "aborted_rollouts")
+            r["per_seed"] = [{"seed": s, **{key: row[i][key] for key in keys}} for s, row in zip(seeds, rows)]
     return pooled
 
 
