@@ -19,6 +19,13 @@ age (``sara.train``: the generator's log-probs become the old log-probs of stale
 through a weight update (in-flight updates, as PipelineRL does): a rollout carried over mid-generation has tokens
 from two weight versions, each with the log-prob its generator reported.
 
+**Complete groups** (``complete_groups=True``, off by default): a step that reaches its target still has groups being
+filled (committed, fewer than k rollouts). Without it they are committed as they are (smaller groups, the rule
+``SequentialAllocator.end_step`` applies when a budget cuts a step short). With it the step waits for them: the other
+in-flight rollouts are aborted (with carry-over they keep running, and groups young enough to be carried are not
+waited for), nothing new is admitted, and the step ends once those groups are complete, so every committed group has
+k rollouts, as in synchronous rounds.
+
 The bookkeeping is ``collect``'s own ``StepState``, so admission and rollout seeds are identical: rollout ``j`` of a
 unit gets the seed ``(seed, step, prompt, occurrence, j)`` whichever driver runs it (a carried unit takes an occurrence
 in the step that re-admits it and continues ``j``).
@@ -95,7 +102,7 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
                    max_inflight: int | None = None, max_rollouts: int | None = None, seed: int = 0,
                    step: int | None = None, eps: float | None = None, observers: Sequence[CollectObserver] = (),
                    poll_timeout: float | None = None, carry: StreamCarry | None = None, carry_lag: int = 0,
-                   lookahead: int | None = None) -> CollectResult:
+                   lookahead: int | None = None, complete_groups: bool = False) -> CollectResult:
     """Run one collection step on a streaming environment until ``target_groups`` groups are committed.
 
     Args:
@@ -116,6 +123,8 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
         carry_lag: Hand open units and their running rollouts to the next step (``CollectResult.carry``) while their
             oldest rollout will be at most this many steps old when trained on; 0 (default): abort and discard them.
         lookahead: Groups the allocator works ahead of the target when carrying (default: ``target_groups``).
+        complete_groups: When the target is reached, wait until the groups being filled are complete (those young
+            enough to be carried are carried instead); False: commit them as they are.
 
     Returns:
         ``CollectResult`` as ``collect``'s, plus ``stats.aborted_rollouts`` / ``aborted_tokens`` and
@@ -158,8 +167,11 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
     stop = ""
     while not stop:
         if len(st.committed) >= target_groups:
-            stop = "target_reached"
-            break
+            waiting = _unfinished(allocator, st, carry_lag) if complete_groups else ()
+            if len(waiting) == 0 or not run.fill(waiting, cap, max_rollouts, keep_others=bool(carry_lag)):
+                stop = "target_reached"
+                break
+            continue
         free = cap - len(run.live)
         if max_rollouts is not None:
             free = min(free, max_rollouts - run.started)
@@ -190,6 +202,17 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
                                 mean_inflight=run.inflight_sum / run.polls if run.polls else 0.0,
                                 carried_in_inflight=run.carried_in, carried_out_inflight=run.carried_out)
     return dataclasses.replace(res, stats=stats, carry=handed)
+
+
+def _unfinished(allocator: Any, st: StepState, carry_lag: int) -> np.ndarray:
+    """Groups being filled that the step must finish (``complete_groups``): all of them, or with carry-over those too
+    old to be carried."""
+    filling = getattr(allocator, "filling", None)
+    if filling is None:
+        raise ConfigError(f"collect_stream: field 'complete_groups': {type(allocator).__name__} does not say which "
+                          "groups it is filling (no 'filling()'); give complete_groups=False")
+    ids = np.asarray(filling(), np.int64)
+    return ids[st.step + 1 - st.born[ids] > carry_lag] if carry_lag else ids
 
 
 _TAGS = itertools.count()
@@ -243,6 +266,27 @@ class _Stream:
         return StreamCarry(step=st.step, pool_index=st.pool_index(units), born=st.born[units].copy(),
                            started=st.started[units].copy(), rollouts=tuple(tuple(st.rollouts_of[u]) for u in units),
                            live=live)
+
+    def fill(self, waiting: np.ndarray, cap: int, max_rollouts: int | None, *, keep_others: bool) -> bool:
+        """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight (unless
+        ``keep_others``: carry-over keeps it running and dispatching), start their missing rollouts, poll. False when
+        nothing is left to wait for (the budget is spent)."""
+        if not keep_others:
+            self.abort_units(np.setdiff1d(np.fromiter(self.live.values(), np.int64, count=len(self.live)), waiting))
+        free = cap - len(self.live)
+        if max_rollouts is not None:
+            free = min(free, max_rollouts - self.started)
+        with self.st.timer("allocator"):
+            ids = self.allocator.dispatch(free)
+            if not keep_others and len(ids):  # only the waited-for groups get slots; give the rest back
+                keep = np.isin(ids, waiting)
+                self.allocator.abort_one(ids[~keep])
+                ids = ids[keep]
+        self.submit(np.asarray(ids, np.int64))
+        if not self.live:
+            return False
+        self.poll()
+        return True
 
     def submit(self, ids: np.ndarray) -> None:
         """Start one rollout per entry of ``ids`` (seeds from ``StepState.launch``)."""

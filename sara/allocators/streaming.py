@@ -13,7 +13,9 @@
   admission rule, ``wants_prompts``, capped at ``idle``; 0 once no group is needed).
 * ``finished(unit_ids, rewards)``: fold finished rollouts in and decide at once (the template's ``observe``).
 * ``inflight(unit_ids)``: rollouts in flight per unit (the driver aborts those of closed units).
-* ``abort(unit_ids)``: forget the in-flight rollouts of units the driver cancelled.
+* ``abort(unit_ids)``: forget the in-flight rollouts of units the driver cancelled; ``abort_one(unit_ids)``: give back
+  one dispatched slot per entry (the driver did not start it).
+* ``filling()``: the units being filled (committed, fewer than k rollouts), for ``complete_groups``.
 
 Carry-over (``collect_stream(..., carry_lag=N)``): ``lookahead`` extra groups are treated as still needed, so the
 driver keeps admitting and probing for the next step while this one finishes; at the step's end ``carry_out`` hands
@@ -124,3 +126,11 @@ class StreamingMixin:
     def abort(self, unit_ids: np.ndarray) -> None:
         """Forget the in-flight rollouts of ``unit_ids`` (the driver cancelled them)."""
         self._inflight[np.asarray(unit_ids, np.int64)] = 0
+
+    def abort_one(self, unit_ids: np.ndarray) -> None:
+        """Give back one dispatched slot per entry of ``unit_ids`` (may repeat): the driver did not start it."""
+        np.subtract.at(self._inflight, np.asarray(unit_ids, np.int64), 1)
+
+    def filling(self) -> np.ndarray:
+        """Units being filled: committed, with fewer than k rollouts delivered."""
+        return np.flatnonzero(self.units.status == UnitStatus.FILLING)

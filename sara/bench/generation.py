@@ -75,6 +75,9 @@ class GenerationBenchConfig(SaraModel):
     or ``+carry`` (streaming driver with carry-over)."""
     carry_lag: int = Field(1, ge=1)
     """``+carry`` specs: steps a carried unit may lag (``collect_stream``'s ``carry_lag``)."""
+    complete_groups: bool = False
+    """Streaming specs: a step that reaches its target waits for the groups still being filled (``collect_stream``'s
+    ``complete_groups``) instead of committing them with fewer than k rollouts."""
     task: str | None = None
     """Task spec (None = ``DEFAULT_TASKS[backend]``)."""
     groups: int = Field(32, ge=1)
@@ -266,7 +269,8 @@ class _Run:
             last = step + 1 == cfg.steps  # a run's last step carries nothing over (as a training run's)
             lag = cfg.carry_lag if self.driver == "carry" and not last else 0
             res = collect_stream(self.allocator, env, self.sampler, target_groups=cfg.groups, max_inflight=cfg.slots,
-                                 seed=self.seed, step=step, carry=self.carry, carry_lag=lag)
+                                 seed=self.seed, step=step, carry=self.carry, carry_lag=lag,
+                                 complete_groups=cfg.complete_groups)
             self.carry = res.carry
         else:
             res = collect(self.allocator, self.rec, self.sampler, target_groups=cfg.groups, seed=self.seed, step=step)

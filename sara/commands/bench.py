@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(sara.collect_stream) instead of synchronous rounds (sara.collect), one ending in '+carry' "
                         "under the streaming driver with carry-over into the next step")
     g.add_argument("--carry-lag", type=int, default=1, help="'+carry' specs: steps a carried unit may lag")
+    g.add_argument("--complete-groups", action="store_true", help="streaming specs: a step that reaches its target "
+                   "waits for the groups still being filled instead of committing them with fewer than k rollouts")
     g.add_argument("--task", default=None, help="task spec (default: the tiny policy's task for tiny; 1-digit sums "
                    "for hf / vllm)")
     g.add_argument("--groups", type=int, default=32, help="target groups per collection step")
@@ -128,7 +130,7 @@ def _generation(args: argparse.Namespace) -> int:
     cfg = validate_config(GenerationBenchConfig, dict(
         backend=args.backend, allocators=specs, task=args.task, groups=args.groups, k=args.k, steps=args.steps,
         seed=args.seed, seeds=args.seeds, reference=args.reference, slots=args.slots,
-        max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag),
+        max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag, complete_groups=args.complete_groups),
         what="bench generation")
     report = run_generation_bench(cfg, log=lambda line: print(f"[bench generation] {line}", file=sys.stderr,
                                                                flush=True))

@@ -123,6 +123,9 @@ class TrainConfig(SaraModel):
     sara_tree) run in rounds over the stream. See docs/streaming.md."""
     stream_slots: int | None = Field(None, ge=1)
     """driver 'stream': rollouts kept in flight at most (None = the backend's ``slots``)."""
+    complete_groups: bool = False
+    """driver 'stream': when a step reaches its target, wait for the groups still being filled instead of committing
+    them with fewer than k rollouts (``sara.collect_stream``'s ``complete_groups``)."""
     carry_lag: int = Field(0, ge=0)
     """driver 'stream': carry open units and their running rollouts into the next step while their oldest rollout is
     at most this many weight updates old when trained on (0 = abort and discard them at the step's end). Stale
@@ -174,6 +177,9 @@ class TrainConfig(SaraModel):
                 raise ValueError(f"field '{field}': {exc}") from None
         for field in ("policy", "backend"):
             self.component(field)  # type: ignore[arg-type]
+        if self.complete_groups and self.driver != "stream":
+            raise ValueError("field 'complete_groups': needs driver 'stream' (set driver=stream, or "
+                             "complete_groups=false); synchronous rounds always complete their groups")
         if self.carry_lag and self.driver != "stream":
             raise ValueError(f"field 'carry_lag': {self.carry_lag} needs driver 'stream' (set driver=stream, or "
                              "carry_lag=0)")

@@ -144,8 +144,8 @@ class Trainer:
             # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds
             # (driver 'stream': rollout by rollout on a streaming backend, sara.collect_stream).
             with timer("collect"):
-                stream = ({"max_inflight": cfg.stream_slots, "carry": self._carry, "carry_lag": self._carry_lag()}
-                          if cfg.driver == "stream" else None)
+                stream = ({"max_inflight": cfg.stream_slots, "carry": self._carry, "carry_lag": self._carry_lag(),
+                           "complete_groups": cfg.complete_groups} if cfg.driver == "stream" else None)
                 result = (collect_stream if stream else collect)(
                     self.allocator, self.env, self.sampler, target_groups=self.bank.need(),
                     max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, observers=[self.verifier_health],

@@ -1,0 +1,71 @@
+"""``collect_stream(complete_groups=True)``: a step that reaches its target waits for the groups still being filled,
+so every committed group has k rollouts (as in synchronous rounds), with and without carry-over; without the option
+such groups are committed as they are. Also the option's wiring in ``TrainConfig`` and ``sara bench generation``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from sara.allocators import UniformSampler, make_allocator
+from sara.collect_stream import collect_stream
+from sara.config import ConfigError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_collect_stream import _env  # noqa: E402  (scripted streaming engine: uneven lengths, per-prompt rates)
+
+K = 8
+
+
+@pytest.fixture(scope="module")
+def env():
+    return _env(slots=64)
+
+
+def _steps(env, complete: bool, carry_lag: int = 0, steps: int = 4):
+    alloc = make_allocator("sara_async", k=K)
+    sampler = UniformSampler(len(env.prompts), seed=0)
+    carry, out = None, []
+    for step in range(steps):
+        lag = carry_lag if step + 1 < steps else 0  # the last step carries nothing, as in training
+        res = collect_stream(alloc, env, sampler, target_groups=6, seed=0, step=step, carry=carry, carry_lag=lag,
+                             complete_groups=complete)
+        carry = res.carry
+        st = res.stats
+        assert st.rollouts == st.committed_rollouts + st.abandoned_rollouts + st.discarded_rollouts - \
+            st.carried_in_rollouts + st.carried_out_rollouts
+        out.append(res)
+    assert carry is None
+    return out
+
+
+@pytest.mark.parametrize("carry_lag", [0, 1])
+def test_every_committed_group_is_complete(env, carry_lag):
+    results = _steps(env, complete=True, carry_lag=carry_lag)
+    sizes = [g.size for r in results for g in r.groups]
+    assert sizes and set(sizes) == {K}
+    assert all(r.stats.committed_groups >= 6 for r in results)
+
+
+def test_without_it_groups_still_filling_are_committed_as_they_are(env):
+    sizes = [g.size for r in _steps(env, complete=False) for g in r.groups]
+    assert min(sizes) < K  # work-conserving streaming leaves groups being filled at every step's end
+
+
+def test_an_allocator_that_cannot_say_what_it_fills_is_a_config_error(env):
+    alloc = make_allocator("sara_async", k=K)
+    alloc.filling = None  # a streaming allocator written against the older protocol
+    with pytest.raises(ConfigError, match="complete_groups"):
+        for step in range(3):
+            collect_stream(alloc, env, UniformSampler(len(env.prompts), seed=0), target_groups=6, seed=0, step=step,
+                           complete_groups=True)
+
+
+def test_train_config_wants_the_streaming_driver():
+    from sara.train.config import TrainConfig
+
+    assert TrainConfig.model_validate({"driver": "stream", "complete_groups": True}).complete_groups
+    with pytest.raises(ValueError, match="complete_groups"):
+        TrainConfig.model_validate({"complete_groups": True})
