@@ -210,7 +210,7 @@ def _unfinished(allocator: Any, st: StepState, carry_lag: int) -> np.ndarray:
     filling = getattr(allocator, "filling", None)
     if filling is None:
         raise ConfigError(f"collect_stream: field 'complete_groups': {type(allocator).__name__} does not say which "
-                          "groups it is filling (no 'filling()'); give complete_groups=False")
+                          "groups it is filling (no 'filling()' / 'dispatch(free, only=...)'); give complete_groups=False")
     ids = np.asarray(filling(), np.int64)
     return ids[st.step + 1 - st.born[ids] > carry_lag] if carry_lag else ids
 
@@ -277,11 +277,7 @@ class _Stream:
         if max_rollouts is not None:
             free = min(free, max_rollouts - self.started)
         with self.st.timer("allocator"):
-            ids = self.allocator.dispatch(free)
-            if not keep_others and len(ids):  # only the waited-for groups get slots; give the rest back
-                keep = np.isin(ids, waiting)
-                self.allocator.abort_one(ids[~keep])
-                ids = ids[keep]
+            ids = self.allocator.dispatch(free, only=None if keep_others else waiting)
         self.submit(np.asarray(ids, np.int64))
         if not self.live:
             return False

@@ -13,9 +13,9 @@
   admission rule, ``wants_prompts``, capped at ``idle``; 0 once no group is needed).
 * ``finished(unit_ids, rewards)``: fold finished rollouts in and decide at once (the template's ``observe``).
 * ``inflight(unit_ids)``: rollouts in flight per unit (the driver aborts those of closed units).
-* ``abort(unit_ids)``: forget the in-flight rollouts of units the driver cancelled; ``abort_one(unit_ids)``: give back
-  one dispatched slot per entry (the driver did not start it).
-* ``filling()``: the units being filled (committed, fewer than k rollouts), for ``complete_groups``.
+* ``abort(unit_ids)``: forget the in-flight rollouts of units the driver cancelled.
+* ``filling()``: the units being filled (committed, fewer than k rollouts), and ``dispatch(free, only=ids)``: slots
+  for those units alone; what ``complete_groups`` needs.
 
 Carry-over (``collect_stream(..., carry_lag=N)``): ``lookahead`` extra groups are treated as still needed, so the
 driver keeps admitting and probing for the next step while this one finishes; at the step's end ``carry_out`` hands
@@ -98,8 +98,9 @@ class StreamingMixin:
             return 0
         return min(idle, self.wants_prompts())  # type: ignore[attr-defined]
 
-    def dispatch(self, free: int) -> np.ndarray:
-        """Unit ids (with repeats) for up to ``free`` rollouts to start now; marks them in flight."""
+    def dispatch(self, free: int, only: np.ndarray | None = None) -> np.ndarray:
+        """Unit ids (with repeats) for up to ``free`` rollouts to start now (among ``only`` when given); marks them in
+        flight."""
         u, k = self.units, self.k
         if free <= 0 or len(u) == 0:
             return np.zeros(0, np.int64)
@@ -113,6 +114,9 @@ class StreamingMixin:
             probe = probe[self._drained(probe)]  # type: ignore[attr-defined]
             limit = k - u.n[probe]
         probe_need = np.maximum(np.minimum(limit, k - u.n[probe]) - self._inflight[probe], 0)
+        if only is not None:
+            fill_need = np.where(np.isin(fill, only), fill_need, 0)
+            probe_need = np.where(np.isin(probe, only), probe_need, 0)
         ids = np.concatenate([np.repeat(fill, fill_need), np.repeat(probe, probe_need)])[:free]
         np.add.at(self._inflight, ids, 1)
         return ids
@@ -126,10 +130,6 @@ class StreamingMixin:
     def abort(self, unit_ids: np.ndarray) -> None:
         """Forget the in-flight rollouts of ``unit_ids`` (the driver cancelled them)."""
         self._inflight[np.asarray(unit_ids, np.int64)] = 0
-
-    def abort_one(self, unit_ids: np.ndarray) -> None:
-        """Give back one dispatched slot per entry of ``unit_ids`` (may repeat): the driver did not start it."""
-        np.subtract.at(self._inflight, np.asarray(unit_ids, np.int64), 1)
 
     def filling(self) -> np.ndarray:
         """Units being filled: committed, with fewer than k rollouts delivered."""
