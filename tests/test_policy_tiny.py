@@ -197,6 +197,22 @@ def test_warm_start_learns_single_digit_addition():
     assert acc > 0.5  # chance is about 1/13 per character
 
 
+def test_warm_start_stops_at_its_target_loss():
+    """``target_loss`` ends the warm start as soon as the recent mean loss reaches it (the same competence on any
+    CPU), and never before; without it every step runs."""
+    prompts, cfg = _prompts(60), {"steps": 200, "batch_size": 32, "lr": 3e-3}
+    full = warm_start(TinyPolicy({"d_model": 64, "n_layers": 2, "n_heads": 4}), prompts, WarmStartConfig(**cfg))
+    assert len(full) == 200
+    target = float(np.mean(full[90:100]))  # reached around step 100 on this trajectory
+    short = warm_start(TinyPolicy({"d_model": 64, "n_layers": 2, "n_heads": 4}), prompts,
+                       WarmStartConfig(**cfg, target_loss=target, loss_window=10))
+    assert 10 <= len(short) < 200 and np.mean(short[-10:]) <= target
+    assert all(np.mean(short[i - 10:i]) > target for i in range(10, len(short)))  # not a step earlier
+    assert short == full[:len(short)]  # the same trajectory, cut
+    with pytest.raises(ValueError, match="target_loss"):
+        WarmStartConfig(target_loss=0.0)
+
+
 def test_warm_start_cache_and_value_head(tmp_path, monkeypatch):
     monkeypatch.setenv("SARA_CACHE_DIR", str(tmp_path))
     opts = {**SMALL, "warm_start": {"steps": 3, "batch_size": 8}}

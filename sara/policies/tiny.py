@@ -52,7 +52,15 @@ class WarmStartConfig(SaraModel):
     """Supervised warm start to partial competence (teacher forcing on reference answers)."""
 
     steps: int = Field(600, ge=0)
-    """Optimizer steps (0 = no warm start, a random policy)."""
+    """Optimizer steps (0 = no warm start, a random policy); with ``target_loss``, the most it may take."""
+    target_loss: float | None = Field(None, gt=0)
+    """Stop as soon as the mean loss of the last ``loss_window`` steps is at most this (None: run all ``steps``).
+    It pins the competence reached rather than the step count: the same steps reach very different losses on
+    different CPUs (floating-point reduction order changes the trajectory; on this task family one machine needed
+    about 600 steps for the loss another reached in 400), so a loss target gives the same starting policy's accuracy
+    everywhere, where a step count does not."""
+    loss_window: int = Field(25, ge=1)
+    """Steps averaged for ``target_loss`` (one step's loss is noisy)."""
     batch_size: int = Field(128, ge=1)
     """Sequences per step."""
     lr: float = Field(2e-3, gt=0)
@@ -76,7 +84,8 @@ def reference_answer(prompt: Prompt) -> str:
 def warm_start(policy: TinyPolicy, prompts: Sequence[Prompt], config: WarmStartConfig | None = None, *,
                target: Callable[[Prompt], str] = reference_answer,
                on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Teacher-force ``BOS + prompt + target + EOS`` with the loss on the target and EOS only.
+    """Teacher-force ``BOS + prompt + target + EOS`` with the loss on the target and EOS only, for ``config.steps``
+    steps or until the recent mean loss reaches ``config.target_loss``.
 
     Args:
         policy: Trained in place.
@@ -118,6 +127,9 @@ def warm_start(policy: TinyPolicy, prompts: Sequence[Prompt], config: WarmStartC
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
+        if cfg.target_loss is not None and len(losses) >= cfg.loss_window and \
+                float(np.mean(losses[-cfg.loss_window:])) <= cfg.target_loss:
+            break
     return losses
 
 
@@ -168,10 +180,14 @@ def _warm_start_cached(policy: TinyPolicy, prompts: Sequence[Prompt], ws: WarmSt
             return
         t0 = time.perf_counter()
         if verbose:
-            print(f"warm-starting the tiny policy ({ws.steps} supervised steps; cached afterwards at {path})",
+            goal = f"until the loss reaches {ws.target_loss}, at most {ws.steps} steps" if ws.target_loss else \
+                f"{ws.steps} supervised steps"
+            print(f"warm-starting the tiny policy ({goal}" + (f"; cached afterwards at {path})" if cache else ")"),
                   flush=True)
         losses = warm_start(policy, prompts, ws)
         if verbose:
-            print(f"warm start done in {time.perf_counter() - t0:.0f} s (final loss {losses[-1]:.3f})", flush=True)
+            recent = float(np.mean(losses[-ws.loss_window:]))
+            print(f"warm start done in {time.perf_counter() - t0:.0f} s ({len(losses)} steps, final loss "
+                  f"{losses[-1]:.3f}, mean of the last {min(ws.loss_window, len(losses))} {recent:.3f})", flush=True)
         if cache:
             atomic_torch_save({"model": policy.state_dict(), "meta": json.loads(blob)}, path)
