@@ -22,9 +22,9 @@ from two weight versions, each with the log-prob its generator reported.
 **Complete groups** (``complete_groups=True``, off by default): a step that reaches its target still has groups being
 filled (committed, fewer than k rollouts). Without it they are committed as they are (smaller groups, the rule
 ``SequentialAllocator.end_step`` applies when a budget cuts a step short). With it the step waits for them: the other
-in-flight rollouts are aborted (with carry-over they keep running, groups young enough to be carried are not
-waited for, and free slots go to groups being filled, never to new probes), nothing new is admitted, and the step
-ends once those groups are complete, so every committed group has k rollouts, as in synchronous rounds.
+in-flight rollouts are aborted (with carry-over they keep running, and groups young enough to be carried are not
+waited for), nothing new is admitted, and the step ends once those groups are complete, so every committed group has
+k rollouts, as in synchronous rounds.
 
 The bookkeeping is ``collect``'s own ``StepState``, so admission and rollout seeds are identical: rollout ``j`` of a
 unit gets the seed ``(seed, step, prompt, occurrence, j)`` whichever driver runs it (a carried unit takes an occurrence
@@ -268,17 +268,16 @@ class _Stream:
                            live=live)
 
     def fill(self, waiting: np.ndarray, cap: int, max_rollouts: int | None, *, keep_others: bool) -> bool:
-        """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight and
-        start their missing rollouts, or with ``keep_others`` (carry-over) keep it running and start the missing
-        rollouts of every group being filled (no unit starts being probed: the step's committed groups stay near its
-        target); then poll. False when nothing is left to wait for (the budget is spent)."""
+        """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight (unless
+        ``keep_others``: carry-over keeps it running and dispatching), start their missing rollouts, poll. False when
+        nothing is left to wait for (the budget is spent)."""
         if not keep_others:
             self.abort_units(np.setdiff1d(np.fromiter(self.live.values(), np.int64, count=len(self.live)), waiting))
         free = cap - len(self.live)
         if max_rollouts is not None:
             free = min(free, max_rollouts - self.started)
         with self.st.timer("allocator"):
-            ids = self.allocator.dispatch(free, only=self.allocator.filling() if keep_others else waiting)
+            ids = self.allocator.dispatch(free, only=None if keep_others else waiting)
         self.submit(np.asarray(ids, np.int64))
         if not self.live:
             return False
