@@ -49,6 +49,32 @@ def test_every_committed_group_is_complete(env, carry_lag):
     assert all(r.stats.committed_groups >= 6 for r in results)
 
 
+def test_with_carry_over_the_wait_keeps_probing_for_the_next_step(env):
+    """While a carrying step waits for its old groups, free slots keep probing young units (the lookahead), as they
+    would without the wait: starving them instead left them open, carried and discarded a step later (measured:
+    13.8 against 12.3 rollouts per effective group in training)."""
+    from sara.allocators.units import UnitStatus
+
+    alloc = make_allocator("sara_async", k=K)
+    dispatch, seen = alloc.dispatch, {"wait": 0, "probes": 0}
+
+    def spy(free, only=None):
+        ids = dispatch(free, only=only)
+        if (alloc.units.status == UnitStatus.COMMITTED).sum() >= alloc.target_groups:  # the target is reached
+            seen["wait"] += len(ids)
+            seen["probes"] += int((alloc.units.status[ids] == UnitStatus.PROBING).sum())
+        return ids
+
+    alloc.dispatch = spy
+    sampler, carry = UniformSampler(len(env.prompts), seed=0), None
+    for step in range(6):
+        res = collect_stream(alloc, env, sampler, target_groups=6, seed=0, step=step, carry=carry,
+                             carry_lag=1 if step < 5 else 0, complete_groups=True)
+        carry = res.carry
+        assert {g.size for g in res.groups} == {K}
+    assert seen["wait"] > 0 and seen["probes"] > 0
+
+
 def test_without_it_groups_still_filling_are_committed_as_they_are(env):
     sizes = [g.size for r in _steps(env, complete=False) for g in r.groups]
     assert min(sizes) < K  # work-conserving streaming leaves groups being filled at every step's end
