@@ -210,3 +210,22 @@ def test_a_ds_spec_with_options_is_the_ds_reference(tiny):
     ds, sara = report["results"]
     assert ds["wall_ratio_vs_ds"] == 1.0 and ds["ratio_vs_ds"] == 1.0
     assert sara["ratio_vs_ds"] is not None and sara["wall_ratio_vs_ds"] is not None
+
+
+def test_the_tiny_policy_is_the_one_training_starts_from(monkeypatch):
+    """The bench warm-starts the tiny policy as ``sara train`` does (``TINY_POLICY_OPTIONS``: to a loss, the same
+    competence on any CPU), so its rollout counts describe the policy a run trains."""
+    import sara.policies
+    from sara.train.config import TINY_POLICY_OPTIONS
+
+    seen = {}
+
+    def factory(options, *, task, seed, **_):
+        seen["options"] = options
+        raise RuntimeError("stop here")
+
+    monkeypatch.setitem(sara.policies.POLICIES._items, "tiny", factory)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_generation_bench(dict(backend="tiny", task=TASK, groups=2, steps=1))
+    assert seen["options"] == TINY_POLICY_OPTIONS
+

@@ -35,6 +35,7 @@ Per allocator (``results[i]`` of the JSON report):
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -187,8 +188,10 @@ def _build(cfg: GenerationBenchConfig) -> tuple[Any, Any, str]:
         options.setdefault("engine", "async")  # the streaming engine (AsyncLLM); sync specs use its generate
     if name == "tiny":
         from sara.policies import POLICIES
+        from sara.train.config import TINY_POLICY_OPTIONS
 
-        policy = POLICIES.get("tiny")({}, task=task, seed=cfg.seed)
+        # the policy sara train starts from: its warm start to a loss pins the same competence on any CPU
+        policy = POLICIES.get("tiny")(copy.deepcopy(TINY_POLICY_OPTIONS), task=task, seed=cfg.seed)
     else:  # weights stay fixed: the backend loads the model itself, no trainable copy is needed
         policy = None
         options = {"model": "smollm2", **options}
