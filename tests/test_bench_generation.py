@@ -228,4 +228,3 @@ def test_the_tiny_policy_is_the_one_training_starts_from(monkeypatch):
     with pytest.raises(RuntimeError, match="stop here"):
         run_generation_bench(dict(backend="tiny", task=TASK, groups=2, steps=1))
     assert seen["options"] == TINY_POLICY_OPTIONS
-
