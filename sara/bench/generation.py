@@ -7,8 +7,8 @@ decisions on a continuously batched engine), with ``+carry`` by ``sara.collect_s
 open units and running rollouts move into the next step; such a spec runs its steps back to back, since what it
 leaves running belongs on the engine between its own steps; its last step carries nothing, as a training run's last
 step does, and what it has in flight then is aborted and counted). After each step, the step's delivered rollouts
-(same prompts, same seeds, same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's full-batch throughput on the same
-work, measured in the same run. Allocators are interleaved step by step (step 0 of every spec, then step 1, ...), so
+(same prompts, same seeds, same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's
+full-batch throughput on the same work, measured in the same run. Allocators are interleaved step by step (step 0 of every spec, then step 1, ...), so
 load that drifts during the run slows all of them alike.
 
 With ``seeds`` > 1 the whole run is repeated per seed (prompt sampler and rollout seeds; the tiny policy stays the one
@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from pydantic import Field, field_validator
 
 from sara.bench.generation_report import finish_report, format_table, write_json
@@ -285,7 +284,7 @@ class _Run:
         acc["rollouts"] += st.rollouts
         acc["effective_groups"] += st.effective_groups
         eps = getattr(self.allocator, "eps", 1e-6)
-        acc["full_groups"] += sum(1 for g in res.groups if g.size >= cfg.k and float(np.std(g.rewards)) > eps)
+        acc["full_groups"] += sum(1 for g in res.groups if g.size >= cfg.k and g.is_effective(eps))
         acc["aborted_rollouts"] += st.aborted_rollouts
         acc["aborted_tokens"] += st.aborted_tokens
         acc["inflight_seconds"] += st.mean_inflight * wall
