@@ -6,7 +6,13 @@ import pytest
 
 from sara.config import ConfigError
 from sara.envs.tasks import make_task
-from sara.envs.tasks.arithmetic import ALPHABET, ArithmeticConfig, generate_problems, verify
+from sara.envs.tasks.arithmetic import (
+    ALPHABET,
+    ArithmeticConfig,
+    few_shot_examples,
+    generate_problems,
+    verify,
+)
 
 
 @pytest.mark.parametrize(("completion", "answer", "expected"), [
@@ -95,3 +101,26 @@ def test_small_space_is_enumerated_exactly() -> None:
 def test_invalid_config(options: dict) -> None:
     with pytest.raises(ConfigError):
         make_task("sara/Arithmetic-v0", **options)
+
+
+def test_few_shot_examples_prefix_every_prompt_and_stay_out_of_both_splits() -> None:
+    bare = make_task("sara/Arithmetic-v0", max_digits=1, ops="+", pool_size=80, eval_size=17)
+    task = make_task("sara/Arithmetic-v0", max_digits=1, ops="+", pool_size=80, eval_size=17, shots=3)
+    examples = few_shot_examples(ArithmeticConfig(max_digits=1, ops="+", pool_size=80, eval_size=17, shots=3))
+    assert len(examples) == 3 and task.stop == ("\n",) and bare.stop == ()
+    assert task.template == "".join(e + "\n" for e in examples) + "{prompt}"
+    for line in examples:  # each is a correct worked example, e.g. "8+2=10"
+        lhs, rhs = line.split("=")
+        a, b = lhs.split("+")
+        assert int(a) + int(b) == int(rhs)
+    questions = {p.prompt for p in (*task.prompts, *task.eval_prompts)}
+    assert len(questions) == 97 and not questions & {e.split("=")[0] + "=" for e in examples}
+    rendered = task.render(task.prompts[0])
+    assert rendered.endswith("\n" + task.prompts[0].prompt) and rendered.count("\n") == 3
+    assert task.score(f"{task.prompts[0].answer['answer']}\n", task.prompts[0]) == 1.0
+    assert bare.render(bare.prompts[0]) == bare.prompts[0].prompt  # shots=0: the bare prompt, as before
+
+
+def test_few_shot_examples_count_against_the_problem_space() -> None:
+    with pytest.raises(ConfigError, match="shots"):
+        make_task("sara/Arithmetic-v0", max_digits=1, ops="+", pool_size=80, eval_size=20, shots=1)

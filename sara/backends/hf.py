@@ -60,6 +60,9 @@ class HFBackendConfig(SaraModel):
     share_policy: bool = False
     """Generate with the trainer's policy module itself (no copy, weight sync is free, but generation runs in the
     policy's dtype); otherwise the backend holds its own copy in ``dtype`` and ``update_weights`` copies the state."""
+    prefix_cache_tokens: int = Field(8192, ge=0)
+    """Prompt tokens whose prefill KV is kept across rounds and streaming admissions (``sara.backends.hf_prefix``:
+    an open prompt probed again is not prefilled again); 0 disables the cache. Cleared by ``update_weights``."""
     cache_dir: str | None = None
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
 
@@ -103,6 +106,11 @@ class HFBackend:
         self.tokens_generated = 0
         self.per_request_seeds = True  # every completion is a function of its own seed (see the module docstring)
         self._stream: Any = None  # the HFStreamEngine, created on the first submit
+        self.prefix_cache: Any = None  # sara.backends.hf_prefix.PromptKVCache, or None when disabled
+        if self.config.prefix_cache_tokens > 0:
+            from sara.backends.hf_prefix import PromptKVCache
+
+            self.prefix_cache = PromptKVCache(self.config.prefix_cache_tokens)
 
     @property
     def device(self) -> torch.device:
@@ -212,8 +220,14 @@ class HFBackend:
             r.finish = r.finish or "length"
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        """One forward over left-padded ``prompts``: last-position logits ``[P, V]``, a fresh cache, the mask ``[P, W]``
-        (shared by the round loop and the streaming loop's admission)."""
+        """Last-position logits ``[P, V]``, a fresh cache and the mask ``[P, W]`` of left-padded ``prompts`` (shared
+        by the round loop and the streaming loop's admission), through the prompt-KV cache when it is on."""
+        if self.prefix_cache is not None:
+            return self.prefix_cache.prefill(self, prompts)
+        return self._prefill_batch(prompts)
+
+    def _prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One forward over left-padded ``prompts`` (``_prefill`` without the cache)."""
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompts)
@@ -312,12 +326,19 @@ class HFBackend:
                 raise ValueError(f"HFBackend.update_weights: state does not match the model (missing "
                                  f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]})")
         self.version = int(version)
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt prefill (as vLLM's ``reset_prefix_cache``); ``update_weights`` calls it."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.reset()
 
     def close(self) -> None:
         """Drop the model reference (memory is freed once the trainer lets go of it too)."""
         self.closed = True
         self.model = None
         self._stream = None
+        self.prefix_cache = None
 
 
 def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> HFBackend:

@@ -229,13 +229,16 @@ def _full_batch(backend: Any, env: Any, result: Any) -> tuple[int, float]:
 
 
 def _reset_cache(backend: Any) -> None:
-    """Drop an offline vLLM engine's prefix cache, so no measurement reuses KV blocks computed by an earlier one (the
-    async engine's reset is a coroutine on its own loop: skipped; see docs/backends.md)."""
+    """Drop the backend's prompt / prefix cache (HF's ``reset_prefix_cache``, an offline vLLM engine's), so no
+    measurement reuses KV computed by an earlier one (the async vLLM engine's reset is a coroutine on its own loop:
+    skipped; see docs/backends.md)."""
     import inspect
 
-    fn = getattr(getattr(backend, "llm", None), "reset_prefix_cache", None)
-    if fn is not None and not inspect.iscoroutinefunction(fn):
-        fn()
+    for fn in (getattr(backend, "reset_prefix_cache", None),
+               getattr(getattr(backend, "llm", None), "reset_prefix_cache", None)):
+        if fn is not None and not inspect.iscoroutinefunction(fn):
+            fn()
+            return
 
 
 class _Run:

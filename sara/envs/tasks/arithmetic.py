@@ -2,7 +2,9 @@
 
 Format (plain text, no chat template): the prompt is ``f"{a}{op}{b}="`` with non-negative integer operands and
 ``op`` in ``+ -``; the expected completion is the integer result (it may be negative), e.g. ``"-77"``. Prompts and
-answers only use the alphabet ``"0123456789+-="``, so a character-level tokenizer works.
+answers only use the alphabet ``"0123456789+-="``, so a character-level tokenizer works. With ``shots=N`` the
+template puts N worked examples (``"8+2=10"`` lines) before the prompt and generation stops at a newline: the format a
+small pretrained LLM (SmolLM2-135M) answers with a bare number.
 
 Verifier: leading whitespace is skipped, the completion is read up to the first whitespace (a model may stop with a
 newline or EOS), and that token must be an ASCII integer (optional leading ``-``, at most ``MAX_ANSWER_CHARS``
@@ -27,6 +29,7 @@ __all__ = [
     "ArithmeticConfig",
     "MAX_ANSWER_CHARS",
     "MAX_SCAN_CHARS",
+    "few_shot_examples",
     "generate_problems",
     "make_arithmetic_task",
     "verify",
@@ -78,6 +81,11 @@ class ArithmeticConfig(SaraModel):
     """Number of distinct held-out prompts (disjoint from the training pool)."""
     seed: int = Field(0, ge=0)
     """Seed of the generator."""
+    shots: int = Field(0, ge=0, le=16)
+    """Worked examples (``"7+1=8"`` lines) written before every prompt: few-shot prompting for a pretrained LLM,
+    which rarely answers a bare ``"3+4="`` with the number alone. They are drawn from the same range, disjoint from
+    the training and held-out prompts, and the same for every prompt; generation then stops at a newline. 0 = the bare
+    prompt (the tiny character-level policy's alphabet has no newline)."""
 
     @model_validator(mode="after")
     def _check(self) -> ArithmeticConfig:
@@ -99,18 +107,14 @@ def _draw_operands(rng: np.random.Generator, cfg: ArithmeticConfig, m: int) -> n
     return rng.integers(low, 10**digits)  # int64; 10**9 fits
 
 
-def generate_problems(cfg: ArithmeticConfig) -> tuple[list[Prompt], list[Prompt]]:
-    """Distinct ``(train, eval)`` prompt lists, a pure function of the config (seeded, vectorized rejection).
-
-    Raises:
-        ConfigError: The difficulty range has fewer distinct problems than ``pool_size + eval_size``.
-    """
-    needed = cfg.pool_size + cfg.eval_size
+def _draw_problems(cfg: ArithmeticConfig) -> list[tuple[str, int, int]]:
+    """``pool_size + eval_size + shots`` distinct ``(op, a, b)``, in order of first draw (seeded, vectorized)."""
+    needed = cfg.pool_size + cfg.eval_size + cfg.shots
     space = _space_size(cfg)
     if needed > space:
-        raise ConfigError(f"task {TASK_ID!r}: field 'pool_size': pool_size + eval_size = {needed} exceeds the "
-                          f"{space} distinct problems with {cfg.min_digits}-{cfg.max_digits} digits and ops "
-                          f"{cfg.ops!r}")
+        raise ConfigError(f"task {TASK_ID!r}: field 'pool_size': pool_size + eval_size + shots = {needed} exceeds "
+                          f"the {space} distinct problems with {cfg.min_digits}-{cfg.max_digits} digits and ops "
+                          f"{cfg.ops!r}; lower pool_size")
     rng = np.random.default_rng([cfg.seed, 0xA417])
     base = np.int64(10**9)
     keys = np.empty(0, np.int64)
@@ -128,21 +132,38 @@ def generate_problems(cfg: ArithmeticConfig) -> tuple[list[Prompt], list[Prompt]
             break
     else:  # pragma: no cover - only for pathological ranges, ruled out by the space check above
         raise ConfigError(f"task {TASK_ID!r}: could not draw {needed} distinct problems; lower pool_size")
-    keys = keys[:needed]
-    op_idx, rest = np.divmod(keys, base * base)
+    op_idx, rest = np.divmod(keys[:needed], base * base)
     a, b = np.divmod(rest, base)
+    return [(cfg.ops[o], x, y) for o, x, y in zip(op_idx.tolist(), a.tolist(), b.tolist())]
+
+
+def _result(op: str, a: int, b: int) -> int:
+    return a + b if op == "+" else a - b
+
+
+def generate_problems(cfg: ArithmeticConfig) -> tuple[list[Prompt], list[Prompt]]:
+    """Distinct ``(train, eval)`` prompt lists, a pure function of the config.
+
+    Raises:
+        ConfigError: The difficulty range has fewer distinct problems than ``pool_size + eval_size + shots``.
+    """
     out: list[Prompt] = []
-    for i, (o, x, y) in enumerate(zip(op_idx.tolist(), a.tolist(), b.tolist())):
-        op = cfg.ops[o]
+    for i, (op, x, y) in enumerate(_draw_problems(cfg)[: cfg.pool_size + cfg.eval_size]):
         split = "train" if i < cfg.pool_size else "eval"
         j = i if split == "train" else i - cfg.pool_size
         out.append(Prompt(
             id=f"arith-{j:06d}" if split == "train" else f"arith-eval-{j:06d}",
             prompt=f"{x}{op}{y}=",
-            answer={"answer": x + y if op == "+" else x - y},
+            answer={"answer": _result(op, x, y)},
             metadata={"op": op, "digits": (len(str(x)), len(str(y))), "split": split},
         ))
     return out[:cfg.pool_size], out[cfg.pool_size:]
+
+
+def few_shot_examples(cfg: ArithmeticConfig) -> list[str]:
+    """The ``shots`` worked examples (``"7+1=8"``), drawn after the prompts: disjoint from both splits."""
+    tail = _draw_problems(cfg)[cfg.pool_size + cfg.eval_size:]
+    return [f"{x}{op}{y}={_result(op, x, y)}" for op, x, y in tail]
 
 
 def make_arithmetic_task(**options: Any) -> Task:
@@ -154,10 +175,11 @@ def make_arithmetic_task(**options: Any) -> Task:
         prompts=train,
         eval_prompts=held_out,
         verifier=verify,
-        template="{prompt}",
+        template="".join(f"{line}\n" for line in few_shot_examples(cfg)) + "{prompt}",
         chat=False,
         thread_safe=True,
         timeout_s=1.0,
+        stop=("\n",) if cfg.shots else (),
         max_new_tokens=cfg.max_digits + 2,
         description="a+b / a-b on non-negative integers; answer = the integer (char alphabet '0123456789+-=')",
         metadata={"config": cfg.model_dump(), "alphabet": ALPHABET},
