@@ -228,3 +228,27 @@ def test_the_tiny_policy_is_the_one_training_starts_from(monkeypatch):
     with pytest.raises(RuntimeError, match="stop here"):
         run_generation_bench(dict(backend="tiny", task=TASK, groups=2, steps=1))
     assert seen["options"] == TINY_POLICY_OPTIONS
+
+
+def test_no_stop_drops_the_task_stop_strings(tiny):
+    """``task_stop=False`` (``--no-stop``) drops the task's stop strings: the backend sees none and completions run
+    on past them (to EOS or the cap)."""
+    import dataclasses
+
+    task, backend = tiny
+    stopped = dataclasses.replace(task, stop=("0",))
+    seen: list[tuple[str, ...]] = []
+
+    class _Recording(_PlainBackend):
+        def generate(self, requests, sampling):
+            seen.append(tuple(sampling.stop))
+            return super().generate(requests, sampling)
+
+    cfg = dict(allocators=["ds"], groups=2, k=4, steps=1, task=TASK, max_new_tokens=6)
+    with_stop = run_generation_bench(cfg, backend=_Recording(backend), task=stopped)
+    assert set(seen) == {("0",)}
+    seen.clear()
+    without = run_generation_bench({**cfg, "task_stop": False}, backend=_Recording(backend), task=stopped)
+    assert set(seen) == {()}
+    a, b = with_stop["results"][0], without["results"][0]
+    assert b["tokens"] / b["rollouts"] > a["tokens"] / a["rollouts"]

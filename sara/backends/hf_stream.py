@@ -4,7 +4,8 @@ The engine keeps up to ``slots`` completions in ONE running decode batch. Each `
 least one completion finishes; at the start of every step, queued completions are admitted into the free slots:
 
 1. the newcomers are prefilled together (left padding; a prompt shared by several newcomers is prefilled once and its
-   KV repeated), in their own ``DynamicCache``;
+   KV repeated; a prompt in the backend's prompt-KV cache, ``sara.backends.hf_prefix``, is not prefilled at all), in
+   their own ``DynamicCache``;
 2. their KV, attention mask and last logits JOIN the running batch: the narrower of the two caches is left-padded
    (zero keys / values, mask 0) to the wider one's length and both are concatenated along the batch axis. Position
    ids are per row (a row's next position = its own token count), so padding columns never shift a row's positions;

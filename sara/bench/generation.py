@@ -56,9 +56,10 @@ BACKEND_NAMES = ("tiny", "hf", "vllm")
 DEFAULT_TASKS = {
     # the tiny policy on the task it was first tuned on (sara train's default before the mixture pool)
     "tiny": "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000",
-    # 1-digit sums, as in examples/configs/smollm2_*.yaml: SmolLM2-135M solves ~3% at T=1, so some groups are mixed
-    "hf": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=20",
-    "vllm": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=20",
+    # 3-shot 1-digit sums, as in examples/configs/smollm2_*.yaml: SmolLM2-135M solves ~30% at T=1, from ~0% to ~90%
+    # per prompt, so SARA has saturated prompts to abandon and mixed ones to commit
+    "hf": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=17,shots=3",
+    "vllm": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=17,shots=3",
 }
 SLOT_OPTIONS = {"tiny": "slots", "hf": "stream_slots", "vllm": "stream_slots"}
 """The backend option ``--slots`` sets (the engine's concurrent completions when streaming)."""
@@ -99,6 +100,9 @@ class GenerationBenchConfig(SaraModel):
     and the rollouts the driver keeps in flight (``max_inflight``). None = the engine's default."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Generation cap (None = the task's suggestion)."""
+    task_stop: bool = True
+    """Stop at the task's stop strings; False: every completion runs to ``max_new_tokens`` (the verifier reads the
+    answer first, so scores do not change), which sets how much decoding a rollout costs against its prompt."""
     sampler: str = "uniform"
     """Prompt sampler spec, the same for every allocator."""
 
@@ -349,7 +353,8 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
             raise ConfigError("bench generation: field 'task': pass the Task that goes with the given backend")
         task_spec = cfg.task or task.id
     try:
-        sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens or task.max_new_tokens or 64, stop=task.stop)
+        sampling = SamplingConfig(max_new_tokens=cfg.max_new_tokens or task.max_new_tokens or 64,
+                                  stop=task.stop if cfg.task_stop else ())
         with TaskEnv(task, backend, sampling) as env:
             _check_streaming(cfg, backend, env)
             backend.generate([_warm_request(env)], sampling)  # warm-up (first-call set-up, not measured)

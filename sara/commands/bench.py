@@ -59,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--carry-lag", type=int, default=1, help="'+carry' specs: steps a carried unit may lag")
     g.add_argument("--complete-groups", action="store_true", help="streaming specs: a step that reaches its target "
                    "waits for the groups still being filled instead of committing them with fewer than k rollouts")
-    g.add_argument("--task", default=None, help="task spec (default: the tiny policy's task for tiny; 1-digit sums "
-                   "for hf / vllm)")
+    g.add_argument("--task", default=None, help="task spec (default: the tiny policy's task for tiny; 3-shot "
+                   "1-digit sums for hf / vllm)")
     g.add_argument("--groups", type=int, default=32, help="target groups per collection step")
     g.add_argument("--k", type=int, default=8, help="group size")
     g.add_argument("--steps", type=int, default=3, help="collection steps per allocator")
@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--slots", type=int, default=None,
                    help="rollouts the streaming driver keeps in flight (default: the engine's slots)")
     g.add_argument("--max-new-tokens", type=int, default=None, help="generation cap (default: the task's)")
+    g.add_argument("--no-stop", dest="task_stop", action="store_false", help="ignore the task's stop strings: every "
+                   "completion runs to --max-new-tokens (more decoding per rollout; scores unchanged on tasks that "
+                   "read the answer first)")
     g.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     g.set_defaults(func=_generation)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
@@ -130,8 +133,8 @@ def _generation(args: argparse.Namespace) -> int:
     cfg = validate_config(GenerationBenchConfig, dict(
         backend=args.backend, allocators=specs, task=args.task, groups=args.groups, k=args.k, steps=args.steps,
         seed=args.seed, seeds=args.seeds, reference=args.reference, slots=args.slots,
-        max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag, complete_groups=args.complete_groups),
-        what="bench generation")
+        max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag, complete_groups=args.complete_groups,
+        task_stop=args.task_stop), what="bench generation")
     report = run_generation_bench(cfg, log=lambda line: print(f"[bench generation] {line}", file=sys.stderr,
                                                                flush=True))
     print(format_table(report))
