@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PromptKVCache"]
+__all__ = ["PromptKVCache", "left_pad"]
 
 
 @dataclass
@@ -126,13 +126,17 @@ def _assemble(entries: list[_Entry], *, device: Any) -> tuple[torch.Tensor, Any,
         mask[i, width - e.length:] = 1
     cache = DynamicCache()
     for layer in range(len(entries[0].keys)):
-        k = torch.cat([_pad(e.keys[layer], width) for e in entries], dim=0)
-        v = torch.cat([_pad(e.values[layer], width) for e in entries], dim=0)
+        k = torch.cat([left_pad(e.keys[layer], width, -2) for e in entries], dim=0)
+        v = torch.cat([left_pad(e.values[layer], width, -2) for e in entries], dim=0)
         cache.update(k, v, layer)
     logits = torch.stack([e.logits for e in entries], dim=0)
     return logits, cache, mask
 
 
-def _pad(x: torch.Tensor, width: int) -> torch.Tensor:
-    extra = width - x.shape[-2]
-    return F.pad(x, (0, 0, extra, 0)) if extra > 0 else x
+def left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Zero-pad ``x`` on the left of dimension ``dim`` (-1: a mask ``[B, W]``; -2: keys / values ``[B, H, W, D]``) to
+    ``width`` (the streaming loop's joins and the cache's batches pad the same way)."""
+    extra = width - x.shape[dim]
+    if extra <= 0:
+        return x
+    return F.pad(x, (extra, 0) if dim == -1 else (0, 0, extra, 0))

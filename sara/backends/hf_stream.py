@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sara.backends.hf import _Row
+from sara.backends.hf_prefix import left_pad
 from sara.backends.text import encode_prompt
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 
@@ -205,9 +205,9 @@ class HFStreamEngine:
         assert self.mask is not None and self.next_pos is not None and self.logits is not None
         wide = max(self.mask.shape[1], mask.shape[1])
         for old, fresh in zip(self.cache.layers, cache.layers):
-            old.keys = torch.cat([_left_pad(old.keys, wide, -2), _left_pad(fresh.keys, wide, -2)], dim=0)
-            old.values = torch.cat([_left_pad(old.values, wide, -2), _left_pad(fresh.values, wide, -2)], dim=0)
-        self.mask = torch.cat([_left_pad(self.mask, wide, -1), _left_pad(mask, wide, -1)], dim=0)
+            old.keys = torch.cat([left_pad(old.keys, wide, -2), left_pad(fresh.keys, wide, -2)], dim=0)
+            old.values = torch.cat([left_pad(old.values, wide, -2), left_pad(fresh.values, wide, -2)], dim=0)
+        self.mask = torch.cat([left_pad(self.mask, wide, -1), left_pad(mask, wide, -1)], dim=0)
         self.next_pos = torch.cat([self.next_pos, next_pos], dim=0)
         self.logits = torch.cat([self.logits, logits], dim=0)
         self.rows = self.rows + new
@@ -240,11 +240,3 @@ class HFStreamEngine:
         b.tokens_generated += len(s.tokens)
         return Completion(text=text, token_ids=tuple(s.tokens), logprobs=tuple(s.logprobs),
                           prompt_token_ids=tuple(s.prompt_ids), finish_reason=s.finish, seed=s.seed, metadata=meta)
-
-
-def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Zero-pad ``x`` on the left of dimension ``dim`` (-1 or -2) to ``width``."""
-    extra = width - x.shape[dim]
-    if extra <= 0:
-        return x
-    return F.pad(x, (extra, 0) if dim == -1 else (0, 0, extra, 0))
