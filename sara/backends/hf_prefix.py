@@ -46,7 +46,8 @@ class PromptKVCache:
         max_tokens: Most prompt tokens kept (summed over entries); older entries are evicted first.
 
     Attributes:
-        hits: Prompts served from the cache so far. misses: Prompts prefilled so far.
+        hits: Prompts served from the cache so far.
+        misses: Prompts prefilled so far (cache misses).
     """
 
     def __init__(self, max_tokens: int) -> None:
