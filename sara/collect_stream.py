@@ -23,8 +23,8 @@ from two weight versions, each with the log-prob its generator reported.
 filled (committed, fewer than k rollouts). Without it they are committed as they are (smaller groups, the rule
 ``SequentialAllocator.end_step`` applies when a budget cuts a step short). With it the step waits for them: the other
 in-flight rollouts are aborted (with carry-over they keep running, free slots keep probing for the next step, and
-groups young enough to be carried are not waited for), nothing new is admitted, and the step ends once those groups are complete, so every committed group has
-k rollouts, as in synchronous rounds.
+groups young enough to be carried are not waited for), nothing new is admitted, and the step ends once those groups
+are complete, so every committed group has k rollouts, as in synchronous rounds.
 
 The bookkeeping is ``collect``'s own ``StepState``, so admission and rollout seeds are identical: rollout ``j`` of a
 unit gets the seed ``(seed, step, prompt, occurrence, j)`` whichever driver runs it (a carried unit takes an occurrence

@@ -3,13 +3,13 @@
 Every allocator spec runs ``steps`` collection steps of ``groups`` target groups on ONE backend instance (weights
 fixed, no training), with the same task prompts, prompt sampler seed and rollout seeds. A spec is run by
 ``sara.collect.collect`` (synchronous rounds) or, with the ``+stream`` suffix, by ``sara.collect_stream`` (per-rollout
-decisions on a continuously batched engine), with ``+carry`` by ``sara.collect_stream`` with carry-over (``carry_lag``:
-open units and running rollouts move into the next step; such a spec runs its steps back to back, since what it
-leaves running belongs on the engine between its own steps; its last step carries nothing, as a training run's last
-step does, and what it has in flight then is aborted and counted). After each step, the step's delivered rollouts
-(same prompts, same seeds, same tree prefixes) are generated again as ONE ``backend.generate`` call: the engine's
-full-batch throughput on the same work, measured in the same run. Allocators are interleaved step by step (step 0 of every spec, then step 1, ...), so
-load that drifts during the run slows all of them alike.
+decisions on a continuously batched engine), with ``+carry`` by ``sara.collect_stream`` with carry-over
+(``carry_lag``: open units and running rollouts move into the next step; such a spec runs its steps back to back,
+since what it leaves running belongs on the engine between its own steps; its last step carries nothing, as a training
+run's last step does, and what it has in flight then is aborted and counted). After each step, the step's delivered
+rollouts (same prompts, same seeds, same tree prefixes) are generated again as ONE ``backend.generate`` call: the
+engine's full-batch throughput on the same work, measured in the same run. Allocators are interleaved step by step
+(step 0 of every spec, then step 1, ...), so load that drifts during the run slows all of them alike.
 
 With ``seeds`` > 1 the whole run is repeated per seed (prompt sampler and rollout seeds; the tiny policy stays the one
 of ``seed``), and ``results[i]`` pools the seeds, with 95% intervals of the ratios over the per-seed ratios

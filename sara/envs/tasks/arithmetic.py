@@ -147,8 +147,17 @@ def generate_problems(cfg: ArithmeticConfig) -> tuple[list[Prompt], list[Prompt]
     Raises:
         ConfigError: The difficulty range has fewer distinct problems than ``pool_size + eval_size + shots``.
     """
+    return _prompts(cfg, _draw_problems(cfg))
+
+
+def few_shot_examples(cfg: ArithmeticConfig) -> list[str]:
+    """The ``shots`` worked examples (``"7+1=8"``), drawn after the prompts: disjoint from both splits."""
+    return _examples(cfg, _draw_problems(cfg)) if cfg.shots else []
+
+
+def _prompts(cfg: ArithmeticConfig, problems: list[tuple[str, int, int]]) -> tuple[list[Prompt], list[Prompt]]:
     out: list[Prompt] = []
-    for i, (op, x, y) in enumerate(_draw_problems(cfg)[: cfg.pool_size + cfg.eval_size]):
+    for i, (op, x, y) in enumerate(problems[: cfg.pool_size + cfg.eval_size]):
         split = "train" if i < cfg.pool_size else "eval"
         j = i if split == "train" else i - cfg.pool_size
         out.append(Prompt(
@@ -160,22 +169,21 @@ def generate_problems(cfg: ArithmeticConfig) -> tuple[list[Prompt], list[Prompt]
     return out[:cfg.pool_size], out[cfg.pool_size:]
 
 
-def few_shot_examples(cfg: ArithmeticConfig) -> list[str]:
-    """The ``shots`` worked examples (``"7+1=8"``), drawn after the prompts: disjoint from both splits."""
-    tail = _draw_problems(cfg)[cfg.pool_size + cfg.eval_size:]
-    return [f"{x}{op}{y}={_result(op, x, y)}" for op, x, y in tail]
+def _examples(cfg: ArithmeticConfig, problems: list[tuple[str, int, int]]) -> list[str]:
+    return [f"{x}{op}{y}={_result(op, x, y)}" for op, x, y in problems[cfg.pool_size + cfg.eval_size:]]
 
 
 def make_arithmetic_task(**options: Any) -> Task:
     """The ``sara/Arithmetic-v0`` task; options are ``ArithmeticConfig`` fields."""
     cfg = validate_config(ArithmeticConfig, options, what=f"task {TASK_ID!r}")
-    train, held_out = generate_problems(cfg)
+    problems = _draw_problems(cfg)  # drawn once: the prompts, then the worked examples
+    train, held_out = _prompts(cfg, problems)
     return Task(
         id=TASK_ID,
         prompts=train,
         eval_prompts=held_out,
         verifier=verify,
-        template="".join(f"{line}\n" for line in few_shot_examples(cfg)) + "{prompt}",
+        template="".join(f"{line}\n" for line in _examples(cfg, problems)) + "{prompt}",
         chat=False,
         thread_safe=True,
         timeout_s=1.0,
