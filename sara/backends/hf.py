@@ -9,7 +9,7 @@ One ``generate`` call = one allocation round. Per chunk of rows (``max_batch_siz
    from the batch and the cache.
 
 Determinism: every completion has its own seed. The token at position ``t`` of a completion with seed ``s`` is drawn
-by inverse-CDF sampling with the uniform number ``u(s, t)`` (``sara.seeding.uniform_from_seeds``), so the draws do not
+by inverse-CDF sampling with the uniform number ``u(s, t)`` (``sara.backends.sampling``), so the draws do not
 depend on which other rows share the batch or the round. (The logits themselves can differ in the last bits with the
 batch shape — bf16 matmul blocking — so equal seeds give equal completions in practice, not bit-for-bit guarantees
 across different batch compositions; the same call repeated is exactly reproducible.)
@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from sara.backends.sampling import sample_tokens
 from sara.backends.text import encode_prompt, eos_ids, find_stop
 from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.hub import generator_state, load_hf_model, resolve_hf_model
-from sara.seeding import uniform_from_seeds
 
 __all__ = ["HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
 
@@ -260,27 +260,9 @@ class HFBackend:
     @staticmethod
     def _sample(logits: torch.Tensor, seeds: np.ndarray, t: int | np.ndarray, sampling: SamplingConfig
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one token per row (inverse CDF with the per-row uniform ``u(seed, t)``; ``t`` is the token's index in
-        its completion, one for all rows or one per row); return ``(tokens, logp)``.
-
-        ``logp`` is the sampled token's log-prob under the raw distribution (temperature 1, no top-p).
-        """
-        logz = torch.logsumexp(logits, dim=-1)
-        if sampling.temperature <= 0:
-            tok = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(logits / sampling.temperature, dim=-1).double()
-            order = None
-            if sampling.top_p < 1.0:
-                probs, order = probs.sort(dim=-1, descending=True)
-                cum = probs.cumsum(dim=-1)
-                probs = probs.masked_fill(cum - probs >= sampling.top_p, 0.0)  # the top token always stays
-            cdf = probs.cumsum(dim=-1)
-            u = torch.from_numpy(uniform_from_seeds(seeds, stream=t)).to(cdf.device) * cdf[:, -1]
-            idx = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=cdf.shape[-1] - 1)
-            tok = (order.gather(-1, idx) if order is not None else idx).squeeze(-1)
-        lp = logits.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - logz
-        return tok, lp
+        """Draw one token per row (``sara.backends.sampling.sample_tokens``: inverse CDF with the per-row uniform
+        ``u(seed, t)``); return ``(tokens, logp)``, ``logp`` under the raw distribution."""
+        return sample_tokens(logits, seeds, t, sampling)
 
     # ------------------------------------------------------------------------------------------------ streaming
     @property
