@@ -30,9 +30,10 @@ The bookkeeping is ``collect``'s own ``StepState``, so admission and rollout see
 unit gets the seed ``(seed, step, prompt, occurrence, j)`` whichever driver runs it (a carried unit takes an occurrence
 in the step that re-admits it and continues ``j``).
 
-An allocator without the streaming API (``uniform``, ``ds``, ``sara_tree``, a custom ``BudgetAllocator``) runs in
-synchronous rounds over the stream (plan, submit the round, poll until it is in, observe): ``collect`` itself on a
-round adapter, so it commits the same groups as ``collect`` on the same environment.
+``uniform`` and ``ds`` stream whole groups (``sara.allocators.uniform``: a group's k rollouts start together, fresh
+prompts are admitted as slots free up). An allocator without the streaming API (``sara_tree``, a custom
+``BudgetAllocator``) runs in synchronous rounds over the stream (plan, submit the round, poll until it is in,
+observe): ``collect`` itself on a round adapter, so it commits the same groups as ``collect`` on the same environment.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def collect_stream(allocator: BudgetAllocator, env: StreamingEnv, sampler: Promp
 
     Args:
         allocator: Decides who gets rollouts. With the streaming API (every ``SequentialAllocator``: ``sara``,
-            ``sara_async``, ``bayes_optimal``, user subclasses) it is driven rollout by rollout; otherwise in rounds.
+            ``sara_async``, ``bayes_optimal``, user subclasses; ``ds``, ``uniform``) it is driven rollout by rollout;
+            otherwise in rounds.
         env: A ``StreamingEnv`` (e.g. ``TaskEnv`` on a streaming backend).
         sampler: Supplies fresh prompt indices into ``env.prompts``.
         target_groups: Committed groups wanted (the batch size).

@@ -73,6 +73,21 @@ def test_history_evidence_decays_per_step():
     assert params["alpha0"].tolist() == pytest.approx([4.0, 1.0]) and params["beta0"].tolist() == pytest.approx([2.0, 1.0])
 
 
+def test_history_update_with_units_that_delivered_nothing_reaches_the_base_whole():
+    # Streaming steps close units with no delivered rollout (aborted, or carried on: n = 0 in observations).
+    seen = []
+
+    class Recording(type(make_prior("constant"))):
+        def update(self, pool_index, n, rsum, step):
+            seen.append((len(pool_index), len(n), len(rsum)))
+
+    prior = HistoryPrior(decay=1.0, base=Recording())
+    prior.update(np.array([3, 4, 5]), np.array([0, 4, 2]), np.array([0.0, 3.0, 1.0]), step=0)
+    assert seen == [(3, 3, 3)]
+    s, f = prior.evidence(np.array([3, 4, 5]))
+    assert s.tolist() == [0.0, 3.0, 1.0] and f.tolist() == [0.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("spec", ["sara:prior=empirical", "sara:prior=history,decay=0.8,tau_low=0.2"])
 def test_learned_prior_specs_conform(spec):
     check_allocator(make_allocator(spec, k=8), target_groups=16, steps=2, seeds=(0,))

@@ -1,5 +1,6 @@
 """The streaming driver ``collect_stream`` (issue 13): exact accounting, determinism, collect's rollout seeds,
-out-of-order completions, aborts of closed units' rollouts, rounds for allocators without the streaming API, every
+out-of-order completions, aborts of closed units' rollouts, streaming uniform and DS, rounds for allocators without
+the streaming API, every
 registered allocator, and streaming SARA's rollouts per effective group against synchronous SARA's on the tiny
 backend. Also the tiny backend's continuous batching and the streaming scripted backend."""
 
@@ -11,7 +12,13 @@ import re
 import numpy as np
 import pytest
 
-from sara.allocators import ALLOCATORS, SequentialAllocator, UniformSampler, make_allocator
+from sara.allocators import (
+    ALLOCATORS,
+    DynamicSamplingAllocator,
+    SequentialAllocator,
+    UniformSampler,
+    make_allocator,
+)
 from sara.collect import collect
 from sara.collect_stream import collect_stream, streams
 from sara.config import ConfigError
@@ -141,15 +148,61 @@ def test_completions_finish_out_of_order_and_closed_units_are_aborted_at_once():
     assert any(e == "abort" for e, _ in ev[:last_finish])  # aborted mid-step, not only at the end
 
 
-@pytest.mark.parametrize("spec", ["ds", "uniform", "sara_tree"])
+class _RoundsDS(DynamicSamplingAllocator):
+    """DS with the streaming API switched off (a user allocator that opts out)."""
+
+    streams = False
+
+
+@pytest.mark.parametrize("spec", ["ds", "sara_tree"])
 def test_allocators_without_the_streaming_api_run_in_rounds_like_collect(spec):
-    assert not streams(make_allocator(spec, k=4))
-    ref = collect(make_allocator(spec, k=4), _env(backend=Plain()), UniformSampler(300, seed=2), target_groups=6,
-                  seed=2)
-    res, env = _stream(spec, seed=2, slots=8)
+    make = (lambda: _RoundsDS(k=4)) if spec == "ds" else (lambda: make_allocator(spec, k=4))
+    assert not streams(make())
+    ref = collect(make(), _env(backend=Plain()), UniformSampler(300, seed=2), target_groups=6, seed=2)
+    env = _env(8)
+    res = collect_stream(make(), env, UniformSampler(300, seed=2), target_groups=6, seed=2)
     assert _fingerprint(res) == _fingerprint(ref)
     assert {**_stats(res), "mean_inflight": 0.0} == _stats(ref) and res.stats.aborted_rollouts == 0
     assert 0 < res.stats.mean_inflight <= 8 and len(env.backend.submitted) == ref.stats.rollouts
+
+
+def test_uniform_streams_exactly_the_target_groups():
+    assert streams(make_allocator("uniform", k=4))
+    res, env = _stream("uniform", seed=3, target=6, slots=8)
+    _check_accounting(res, env)
+    s = res.stats
+    assert s.stop_reason == "target_reached" and s.committed_groups == 6 and s.aborted_rollouts == 0
+    assert s.rollouts == 24 and all(g.size == 4 for g in res.groups) and not res.discarded
+    assert any(np.std([r.reward for r in g.rollouts]) == 0 for g in res.groups)  # saturated groups included
+    assert s.mean_inflight > 4  # several groups in flight at once, refilled as they finish
+
+
+def test_ds_streams_full_effective_groups_with_collects_seeds():
+    assert streams(make_allocator("ds", k=4))
+    res, env = _stream("ds", seed=5, target=8, slots=16)
+    _check_accounting(res, env)
+    s = res.stats
+    assert s.stop_reason == "target_reached" and s.committed_groups >= 8
+    assert all(g.size == 4 and np.std([r.reward for r in g.rollouts]) > 0 for g in res.groups)
+    assert res.discarded and all(g.decision == Decision.DISCARD for g in res.discarded)
+    saturated = [g for g in res.discarded if g.size == 4]
+    assert saturated and all(np.std([r.reward for r in g.rollouts]) == 0 for g in saturated)
+    ref = collect(make_allocator("ds", k=4), _env(backend=Plain()), UniformSampler(300, seed=5), target_groups=8,
+                  seed=5)
+    seeds = {r.seed: r.reward for g in (*ref.groups, *ref.discarded) for r in g.rollouts}
+    mine = {r.seed: r.reward for g in (*res.groups, *res.discarded) for r in g.rollouts}
+    shared = set(seeds) & set(mine)
+    assert len(shared) >= 8 * 4 and all(seeds[x] == mine[x] for x in shared)  # same prompts, same rollout seeds
+
+
+def test_ds_streaming_admission_options():
+    res, env = _stream("ds:gen_batch_prompts=2", seed=1, target=6, slots=64)
+    _check_accounting(res, env)
+    assert res.stats.committed_groups >= 6 and res.stats.mean_inflight <= 2 * 4  # two groups in flight at most
+    res, env = _stream("ds:max_gen_batches=1", seed=1, target=6, slots=64)
+    _check_accounting(res, env)
+    units = res.stats.committed_groups + len(res.discarded)
+    assert units <= 6 and res.stats.stop_reason in ("allocator_done", "target_reached")
 
 
 OWN = [n for n in ALLOCATORS.names() if ALLOCATORS.get(n).__module__.startswith("sara.")]

@@ -1,7 +1,8 @@
 """Carry-over in the streaming driver (``collect_stream(carry_lag=N)``): open units and their running rollouts move
 into the next step instead of being aborted. Exact accounting across steps, the lag bound, fresh seeds for carried
 units, no double counting in the prompt statistics, determinism, higher occupancy and fewer aborts than without
-carry-over, the allocator's ``carry_in`` replay, the trainer's stale-rollout correction and config checks."""
+carry-over (SARA, and DS / uniform, whose whole groups carry too), the allocator's ``carry_in`` replay, the
+trainer's stale-rollout correction and config checks."""
 
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ def _run(spec="sara", *, lag=1, steps=6, target=6, slots=32, seed=0, lookahead=N
     return results, carry, env, sampler
 
 
-def test_accounting_is_exact_across_steps():
-    results, carry, env, sampler = _run()
+@pytest.mark.parametrize("spec", ["sara", "ds", "uniform"])
+def test_accounting_is_exact_across_steps(spec):
+    results, carry, env, sampler = _run(spec)
     be = env.backend
     assert carry is not None and sum(r.stats.carried_out_inflight for r in results) > 0
     for i, res in enumerate(results):
@@ -74,9 +76,10 @@ def test_accounting_is_exact_across_steps():
     assert be.inflight() == 0 and started == delivered + len(be.aborted)
 
 
-def test_the_lag_is_bounded_and_rollouts_carry_their_step():
+@pytest.mark.parametrize("spec", ["sara", "ds"])
+def test_the_lag_is_bounded_and_rollouts_carry_their_step(spec):
     for lag in (1, 2):
-        results, carry, _, _ = _run(lag=lag, steps=8)
+        results, carry, _, _ = _run(spec, lag=lag, steps=8)
         for step, res in enumerate(results):
             for g in (*res.groups, *res.abandoned, *res.discarded):
                 born = [r.metadata["policy_step"] for r in g.rollouts]
@@ -86,8 +89,9 @@ def test_the_lag_is_bounded_and_rollouts_carry_their_step():
         assert np.all(carry.born >= len(results) - lag)
 
 
-def test_carried_units_continue_with_fresh_seeds():
-    results, _, _, _ = _run(steps=5)
+@pytest.mark.parametrize("spec", ["sara", "ds"])
+def test_carried_units_continue_with_fresh_seeds(spec):
+    results, _, _, _ = _run(spec, steps=5)
     carried = [g for res in results[1:] for g in res.groups
                if len({r.metadata["policy_step"] for r in g.rollouts}) > 1]
     assert carried, "some committed group spans two steps"
@@ -104,9 +108,10 @@ def test_two_runs_are_identical():
     assert view(_run(seed=2)[0]) == view(_run(seed=2)[0])
 
 
-def test_carry_over_keeps_the_engine_busier_and_aborts_less():
-    without, _, _, _ = _run(lag=0, steps=8)
-    with_, _, _, _ = _run(lag=2, steps=8)
+@pytest.mark.parametrize("spec", ["sara", "ds"])
+def test_carry_over_keeps_the_engine_busier_and_aborts_less(spec):
+    without, _, _, _ = _run(spec, lag=0, steps=8)
+    with_, _, _, _ = _run(spec, lag=2, steps=8)
 
     def total(rs, key):
         return sum(getattr(r.stats, key) for r in rs)
@@ -114,6 +119,19 @@ def test_carry_over_keeps_the_engine_busier_and_aborts_less():
     assert np.mean([r.stats.mean_inflight for r in with_]) > 1.5 * np.mean([r.stats.mean_inflight for r in without])
     assert total(with_, "aborted_rollouts") < total(without, "aborted_rollouts")
     assert total(without, "carried_out_rollouts") == 0 and all(r.carry is None for r in without)
+
+
+def test_ds_carries_whole_groups_and_commits_only_full_mixed_ones():
+    results, carry, env, _ = _run("ds", lag=1, steps=6)
+    assert sum(r.stats.carried_out_inflight for r in results) > 0
+    carried = 0
+    for step, res in enumerate(results):
+        for g in res.groups:
+            assert g.size == 4 and np.std([r.reward for r in g.rollouts]) > 0
+            carried += min(r.metadata["policy_step"] for r in g.rollouts) < step
+        assert all(g.size == 4 or g.decision == Decision.DISCARD for g in res.discarded)
+    assert carried > 0  # groups started in one step are committed in the next
+    release_carry(env, carry)
 
 
 def test_carry_in_replays_the_delivered_rewards():
@@ -140,5 +158,5 @@ def test_config_errors():
                        carry_lag=-1)
     results, carry, env, _ = _run(steps=1)
     with pytest.raises(ConfigError, match="field 'carry'"):
-        collect_stream(make_allocator("ds", k=4), env, UniformSampler(len(env.prompts)), target_groups=2,
+        collect_stream(make_allocator("sara_tree", k=4), env, UniformSampler(len(env.prompts)), target_groups=2,
                        carry=carry)

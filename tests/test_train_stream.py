@@ -31,15 +31,17 @@ def test_a_streaming_step_trains_and_reports_aborts_and_occupancy(tmp_path):
     assert m["alloc/aborted_rollouts"] >= 0 and m["alloc/rollouts"] > 0
 
 
-@pytest.mark.parametrize("allocator", ["ds", "uniform"])
-def test_stream_and_sync_drivers_train_the_same_way_on_allocators_in_rounds(tmp_path, allocator):
-    # An allocator without the streaming API runs in rounds over the stream: the very same step as 'sync'.
+def test_uniform_streams_the_same_step_as_sync_and_ds_streams_effective_groups(tmp_path):
     runs = {}
     for driver in ("sync", "stream"):
-        with Trainer(_cfg(tmp_path / driver, driver=driver, allocator=allocator)) as trainer:
+        with Trainer(_cfg(tmp_path / driver, driver=driver, allocator="uniform")) as trainer:
             m = trainer.train_step()
         runs[driver] = {k: m[k] for k in ("alloc/rollouts", "alloc/committed_groups", "alloc/tokens")}
-    assert runs["stream"] == runs["sync"]
+    assert runs["stream"] == runs["sync"]  # the same prompts and seeds, all of them committed
+    with Trainer(_cfg(tmp_path / "ds", driver="stream", allocator="ds")) as trainer:
+        m = trainer.train_step()
+    assert m["alloc/committed_groups"] >= trainer.config.groups_per_step
+    assert m["alloc/effective_groups"] == m["alloc/committed_groups"]
 
 
 def _plain_tiny(policy, options=None, **kw):

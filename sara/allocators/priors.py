@@ -185,10 +185,10 @@ class HistoryPrior(Prior):
 
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
         idx = np.asarray(pool_index, np.int64)
-        n = np.asarray(n, np.float64)
+        cnt = np.asarray(n, np.float64)
         s = np.rint(np.asarray(rsum, np.float64))
-        keep = n > 0
-        idx, n, s = idx[keep], n[keep], s[keep]
+        keep = cnt > 0  # units without delivered rollouts (aborted, carried on) carry no evidence
+        idx, cnt, s = idx[keep], cnt[keep], s[keep]
         if len(idx):
             self._grow(int(idx.max()) + 1)
             u = np.unique(idx)
@@ -198,7 +198,7 @@ class HistoryPrior(Prior):
             self.fail[u] *= w
             self.last_step[u] = step
             np.add.at(self.succ, idx, s)
-            np.add.at(self.fail, idx, n - s)
+            np.add.at(self.fail, idx, cnt - s)
             tot = self.succ[u] + self.fail[u]
             scale = np.minimum(1.0, self.max_evidence / np.maximum(tot, 1e-12))
             self.succ[u] *= scale

@@ -1,4 +1,13 @@
-"""Uniform allocation and DAPO-style Dynamic Sampling: whole groups of k, generated in batches."""
+"""Uniform allocation and DAPO-style Dynamic Sampling: whole groups of k, generated in batches.
+
+Under a streaming driver (``sara.collect_stream``) they stream too (the streaming API of
+``sara.allocators.streaming``): a unit's k rollouts are dispatched together, fresh prompts are admitted as slots free
+up (``wants_slots``) instead of batch by batch, the step ends once the target is committed (groups still generating
+are aborted, or carried into the next step with ``carry_lag``). ``uniform`` admits exactly the groups still needed;
+``ds`` admits ``ceil(groups still needed / effective fraction)`` minus the groups in flight, its fraction estimated
+from the step's finished groups as its batches are sized (streaming ``ds`` is DAPO's refill loop without batch
+barriers, the way asynchronous RL systems run it).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +17,17 @@ import numpy as np
 from pydantic import Field
 
 from sara.allocators.base import AllocatorConfig, BudgetAllocator, UnitStatus
+from sara.allocators.streaming import StreamingMixin
 from sara.types import Decision
 
 __all__ = ["UniformAllocator", "DynamicSamplingAllocator", "DynamicSamplingConfig"]
 
 
-class _FullGroupAllocator(BudgetAllocator):
-    """Generates full size-k groups, one generation batch per round; ``keep`` says which groups go to the batch."""
+class _FullGroupAllocator(StreamingMixin, BudgetAllocator):
+    """Generates full size-k groups, one generation batch per round; ``keep`` says which groups go to the batch.
+
+    Streaming (``wants_slots`` / ``dispatch`` / ``finished``): every open unit gets its k rollouts at once, fresh
+    prompts are admitted while the groups in flight are not expected to cover the groups still needed."""
 
     def _batch_size(self) -> int:
         return self.target_groups
@@ -44,6 +57,40 @@ class _FullGroupAllocator(BudgetAllocator):
         """Boolean mask over complete groups ``ids``: which go to the batch."""
         return np.ones(len(ids), bool)
 
+    def _effective_fraction(self) -> float:
+        """Expected fraction of fresh groups that go to the batch (sizes streaming admission)."""
+        return 1.0
+
+    def _max_units(self) -> int | None:
+        """Units a streaming step admits at most (None = no cap)."""
+        return None
+
+    # streaming (sara.allocators.streaming) ---------------------------------------------------------------------
+    def probe_inflight(self, unit_ids: np.ndarray) -> np.ndarray:
+        """All k rollouts of a group are started together."""
+        return np.full(len(unit_ids), self.k, np.int64)
+
+    def _drained(self, probing: np.ndarray) -> np.ndarray:
+        """Once the target is covered no open group gets more rollouts (the step ends)."""
+        return np.zeros(len(probing), bool)
+
+    def wants_slots(self, idle: int) -> int:
+        """Fresh prompts for ``idle`` slots: ``ceil(needed / effective fraction)`` minus the groups in flight, at most
+        one per k idle slots (every admitted group starts all k rollouts soon), within the budget and ``_max_units``."""
+        needed = self._needed()
+        if idle <= 0 or needed == 0:
+            return 0
+        open_ = int((self.units.status == UnitStatus.PROBING).sum())
+        want = math.ceil(needed / max(self._effective_fraction(), 1.0 / 64) - 1e-9) - open_
+        want = min(want, math.ceil(idle / self.k))
+        cap = self._affordable_units()
+        if cap is not None:
+            want = min(want, cap)
+        most = self._max_units()
+        if most is not None:
+            want = min(want, most - len(self.units))
+        return max(0, want)
+
     def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         touched = self.units.update(unit_ids, rewards)
         self._counters["rollouts"] += len(rewards)
@@ -65,13 +112,14 @@ class DynamicSamplingConfig(AllocatorConfig):
 
     gen_batch_prompts: int | None = Field(None, ge=1)
     """Prompts per generation batch (each gets k rollouts). None = the number of groups still needed, divided by
-    ``expected_effective`` (so one batch usually suffices)."""
+    ``expected_effective`` (so one batch usually suffices). Streaming drivers: groups kept in flight."""
     expected_effective: float | None = Field(None, gt=0.0, le=1.0)
     """Effective-group fraction used to size a batch when gen_batch_prompts is None: a batch is
     ceil(groups still needed / expected_effective) prompts. None = estimate it from this step's batches so far (the
     first batch is exactly the number of groups needed, DAPO's refill loop)."""
     max_gen_batches: int = Field(64, ge=1)
-    """Stop after this many generation batches and return what was collected (status 'allocator_done')."""
+    """Stop after this many generation batches and return what was collected (status 'allocator_done'). Streaming
+    drivers: stop admitting after as many prompts as this many batches of the step's target would hold."""
 
 
 class DynamicSamplingAllocator(_FullGroupAllocator):
@@ -84,15 +132,31 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
     def _batch_size(self) -> int:
         if self.config.gen_batch_prompts is not None:
             return self.config.gen_batch_prompts
-        frac = self.config.expected_effective
-        if frac is None:
-            st = self.units.status
-            done = int((st >= UnitStatus.COMMITTED).sum())
-            frac = (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
-        return max(1, math.ceil(self._needed() / max(frac, 1.0 / 64)))
+        return max(1, math.ceil(self._needed() / max(self._effective_fraction(), 1.0 / 64)))
+
+    def _effective_fraction(self) -> float:
+        """``expected_effective``, or the step's committed share of finished groups so far (1.0 before any)."""
+        if self.config.expected_effective is not None:
+            return self.config.expected_effective
+        st = self.units.status
+        done = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.DISCARDED)).sum())
+        return (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
 
     def _max_batches(self) -> int:
         return self.config.max_gen_batches
+
+    def _max_units(self) -> int:
+        return self.config.max_gen_batches * max(self.target_groups + self.lookahead, 1)
+
+    def wants_slots(self, idle: int) -> int:
+        """``gen_batch_prompts`` set: keep that many groups in flight; otherwise the template's rule."""
+        if self.config.gen_batch_prompts is None or idle <= 0 or self._needed() == 0:
+            return super().wants_slots(idle)
+        open_ = int((self.units.status == UnitStatus.PROBING).sum())
+        want = min(self.config.gen_batch_prompts - open_, math.ceil(idle / self.k),
+                   self._max_units() - len(self.units))
+        cap = self._affordable_units()
+        return max(0, want if cap is None else min(want, cap))
 
     def keep(self, ids: np.ndarray) -> np.ndarray:
         return self.units.std(ids) > self.config.eps

@@ -8,7 +8,10 @@ Checks, each on a simulated pool:
    unique; group sizes are >= 1 and committed groups are not larger than ``k`` (unless ``max_group_size`` says
    otherwise);
 4. determinism: two copies with the same seed produce identical groups and rewards;
-5. state: ``state_dict`` -> ``load_state_dict`` into a fresh copy continues exactly like the original.
+5. state: ``state_dict`` -> ``load_state_dict`` into a fresh copy continues exactly like the original;
+6. streaming (allocators with the streaming API, ``sara.collect_stream.streams``): steps with carry-over on a
+   scripted engine whose completions finish out of order keep exact accounting and are deterministic
+   (``sara.testing.streaming``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import numpy as np
 from sara.allocators.base import BudgetAllocator
 from sara.allocators.samplers import UniformSampler
 from sara.collect import collect
+from sara.collect_stream import streams
 from sara.envs.base import RolloutEnv
 from sara.envs.sim.binary import SimulatedEnv
+from sara.testing.streaming import check_streaming
 from sara.types import CollectResult, Decision
 
 __all__ = ["check_allocator", "AllocatorCheckError"]
@@ -101,6 +106,7 @@ def check_allocator(
     seeds: tuple[int, ...] = (0, 1),
     max_rounds: int = 500,
     max_group_size: int | None = None,
+    stream: bool | None = None,
 ) -> dict[str, Any]:
     """Run the conformance checks; raise ``AllocatorCheckError`` on the first violation.
 
@@ -112,9 +118,10 @@ def check_allocator(
         seeds: Seeds to run.
         max_rounds: A step that needs more rounds than this is reported as not terminating.
         max_group_size: Largest allowed committed group (default ``allocator.k``).
+        stream: Run the streaming leg (default: when the allocator has the streaming API).
 
     Returns:
-        A summary: per seed the stop reasons, rollouts and effective groups.
+        A summary: per seed the stop reasons, rollouts and effective groups; ``stream``: the streaming leg's.
     """
     if isinstance(allocator, BudgetAllocator):
         template = copy.deepcopy(allocator)
@@ -174,4 +181,7 @@ def check_allocator(
             "rollouts": int(np.sum([r.stats.rollouts for r in results0])),
             "effective_groups": int(np.sum([r.stats.effective_groups for r in results0])),
         }
+    if stream if stream is not None else streams(make()):
+        summary["stream"] = check_streaming(make, error=AllocatorCheckError, seeds=seeds[:2],
+                                            max_group_size=max_group_size)
     return summary

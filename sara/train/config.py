@@ -120,8 +120,8 @@ class TrainConfig(SaraModel):
     driver: Literal["sync", "stream"] = "sync"
     """Collection driver: 'sync' = ``sara.collect`` (synchronous batched rounds), 'stream' = ``sara.collect_stream``
     (rollout by rollout on a streaming backend: tiny, hf, vllm; rollouts still in flight when a step ends are aborted
-    and counted unless ``carry_lag`` carries them over). Allocators without the streaming API (uniform, ds,
-    sara_tree) run in rounds over the stream. See docs/streaming.md."""
+    and counted unless ``carry_lag`` carries them over). DS and uniform stream whole groups; allocators without the
+    streaming API (sara_tree) run in rounds over the stream. See docs/streaming.md."""
     stream_slots: int | None = Field(None, ge=1)
     """driver 'stream': rollouts kept in flight at most (None = the backend's ``slots``)."""
     complete_groups: bool = False
