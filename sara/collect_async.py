@@ -29,8 +29,8 @@ __all__ = ["SimResult", "StreamingAllocator", "simulate_async", "simulate_sync"]
 
 @runtime_checkable
 class StreamingAllocator(Protocol):
-    """What streaming drivers need of an allocator beyond ``BudgetAllocator`` (every ``SequentialAllocator`` has it,
-    ``sara.allocators.streaming``; one that sets ``streams = False`` is run in rounds)."""
+    """What streaming drivers need of an allocator beyond ``BudgetAllocator`` (every ``SequentialAllocator``, ``ds``
+    and ``uniform`` have it, ``sara.allocators.streaming``; one that sets ``streams = False`` is run in rounds)."""
 
     def dispatch(self, free: int) -> np.ndarray: ...
     def finished(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
