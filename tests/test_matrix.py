@@ -134,7 +134,7 @@ def _synthetic_runs():
 
 
 def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
-    from sara.bench.matrix_report import analyze, format_report, write_outputs
+    from sara.bench.matrix_report import _ci, analyze, format_report, write_outputs
 
     report = analyze(_synthetic_runs(), budget=300, eval_prompts=100, eval_samples=4)
     assert report["algos"]["grpo"]["target"] == pytest.approx(0.65)  # DS's final accuracy, mean of its seeds
@@ -155,7 +155,8 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
     assert sara["aggregate"]["rollouts_per_effective_group"] == pytest.approx(600 / 18)
     assert sara["aggregate"]["steps"]["mean"] == pytest.approx(4.5) and ds["aggregate"]["steps"]["mean"] == 3
     text = format_report(report)
-    assert "train s / eff. group" in text and "| 0.30 ± 0.00 |" in text
+    assert "train s / eff. group" in text and "| 0.300 ± 0.00 |" in text  # 3 significant digits
+    assert _ci({"mean": 0.01834, "half": 0.00102}, "#.3g") == "0.0183 ± 0.00102"  # the tiny policy's ~10 ms
     assert "| 33.3 | 4.5 ± " in text and "| 30.0 | 3.0 ± 0.0 |" in text
     assert "| **ds** (ref) |" in text and "1/2" in text and "2/2" in text
     assert "0.725 ± " in text and "≥ 250 ± " in text and "0.45*" in text

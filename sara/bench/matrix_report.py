@@ -154,7 +154,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                 f"| {name}", _ci(a["final_acc"], ".3f"), *(_ci(a["acc_at"][str(f)], ".3f") for f in fr),
                 _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", _ci(a["rollouts_to_target"], ",.0f", cens),
                 _ratio(ratio, a["reached"] < a["n"] or ref_censored[algo]), _ci(a["tokens_to_target"], ",.0f", cens),
-                _ci(a["wall_s_to_target"], ".1f", cens), _ci(a["wall_s_per_effective_group"], ".2f"),
+                _ci(a["wall_s_to_target"], ".1f", cens), _ci(a["wall_s_per_effective_group"], "#.3g"),
                 f"{a['rollouts_per_effective_group']:.1f}", _ci(a["steps"], ".1f"), f"{a['effective_fraction']:.2f} |"]))
     lines += ["", "How the columns are computed:",
               "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
