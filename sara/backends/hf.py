@@ -64,6 +64,10 @@ class HFBackendConfig(SaraModel):
     prefix_cache_tokens: int = Field(8192, ge=0)
     """Prompt tokens whose prefill KV is kept across rounds and streaming admissions (``sara.backends.hf_prefix``:
     an open prompt probed again is not prefilled again); 0 disables the cache. Cleared by ``update_weights``."""
+    shared_prefix_tokens: int = Field(16, ge=0)
+    """Prompts prefilled together that start with at least this many common tokens (a task's few-shot examples or
+    system prompt, the chat template's header) prefill that prefix once (``sara.backends.hf_shared``, kept across calls
+    under one weights version; vLLM's prefix caching does the same); 0 = off."""
     cache_dir: str | None = None
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
 
@@ -112,6 +116,11 @@ class HFBackend:
             from sara.backends.hf_prefix import PromptKVCache
 
             self.prefix_cache = PromptKVCache(self.config.prefix_cache_tokens)
+        self.shared_prefix: Any = None  # sara.backends.hf_shared.SharedPrefixes, or None when disabled
+        if self.config.shared_prefix_tokens > 0:
+            from sara.backends.hf_shared import SharedPrefixes
+
+            self.shared_prefix = SharedPrefixes(self.config.shared_prefix_tokens)
 
     @property
     def device(self) -> torch.device:
@@ -228,7 +237,16 @@ class HFBackend:
         return self._prefill_batch(prompts)
 
     def _prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        """One forward over left-padded ``prompts`` (``_prefill`` without the cache)."""
+        """``_prefill`` without the prompt-KV cache: through a shared prefix when the prompts have one
+        (``shared_prefix_tokens``), else ``_prefill_plain``."""
+        if self.shared_prefix is not None:
+            out = self.shared_prefix.prefill(self, prompts)
+            if out is not None:
+                return out
+        return self._prefill_plain(prompts)
+
+    def _prefill_plain(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One forward over left-padded ``prompts``."""
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompts)
@@ -315,13 +333,15 @@ class HFBackend:
         """Forget every cached prompt prefill (as vLLM's ``reset_prefix_cache``); ``update_weights`` calls it."""
         if self.prefix_cache is not None:
             self.prefix_cache.reset()
+        if self.shared_prefix is not None:
+            self.shared_prefix.reset()
 
     def close(self) -> None:
         """Drop the model reference (memory is freed once the trainer lets go of it too)."""
         self.closed = True
         self.model = None
         self._stream = None
-        self.prefix_cache = None
+        self.prefix_cache = self.shared_prefix = None
 
 
 def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> HFBackend:
