@@ -5,6 +5,8 @@ One ``generate`` call = one allocation round. Per chunk of rows (``max_batch_siz
 1. every distinct prompt is prefilled ONCE (left padding), and its KV cache is repeated for its ``n`` completions;
    a prompt prefilled in an earlier round under the same weights comes from the prompt-KV cache
    (``sara.backends.hf_prefix``, ``prefix_cache_tokens``): SARA probes the same prompt over several rounds;
+   the leading tokens every prompt of the chunk shares (few-shot examples, a system prompt) are prefilled once
+   (``sara.backends.hf_shared``, ``shared_prefix_tokens``);
 2. a decoding loop samples one token per live row per step; finished rows (EOS, stop string, length cap) are pruned
    from the batch and the cache.
 
