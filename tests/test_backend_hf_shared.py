@@ -89,6 +89,24 @@ def test_weights_update_drops_the_prefix_and_unrelated_prompts_prefill_whole(pai
     assert [o[0].token_ids for o in on.generate(reqs, SAMPLING)] == [o[0].token_ids for o in off.generate(reqs, SAMPLING)]
 
 
+def test_a_longer_common_prefix_replaces_a_short_kept_one(pair):
+    on, off = pair
+    on.reset_prefix_cache()
+    # a short prefix shared by all (like a chat header), then two different shot sets
+    header = "Answer briefly and exactly, in digits only, please. "
+    mixed = _ids(on, [header + "Pets: cat dog", header + SHOTS + "1+1="])
+    on._prefill_batch(mixed)
+    (short,) = on.shared_prefix._kv
+    p0, h0 = on.shared_prefix.prefills, on.shared_prefix.hits
+    batch = _ids(on, [header + SHOTS + q for q in QUESTIONS[1:3]])
+    logits, _, _ = on._prefill_batch(batch)
+    assert (on.shared_prefix.prefills - p0, on.shared_prefix.hits - h0) == (1, 0)
+    assert max(len(p) for p in on.shared_prefix._kv) > len(short) + on.shared_prefix.min_tokens - 1
+    assert torch.allclose(logits, off._prefill_batch(batch)[0], atol=1e-4)
+    on._prefill_batch(_ids(on, [header + SHOTS + "4+4=", header + SHOTS + "5+6="]))  # reuses the longer one
+    assert (on.shared_prefix.prefills - p0, on.shared_prefix.hits - h0) == (1, 1)
+
+
 def test_option_is_validated():
     from sara.backends.hf import HFBackendConfig
     from sara.backends.hf_shared import SharedPrefixes

@@ -7,7 +7,8 @@ shares them the same way). ``HFBackendConfig.shared_prefix_tokens`` sets the sho
 
 How: the prompts' longest common prefix (shorter than the shortest prompt, so every prompt keeps a suffix token for
 its logits) is prefilled as one row, or taken from the few prefixes kept from earlier calls under the same weights
-version (a streaming admission of a single prompt reuses the prefix of an earlier batch). The suffixes are then
+version (a streaming admission of a single prompt reuses the prefix of an earlier batch; a batch whose own common
+prefix is at least ``min_tokens`` longer than the kept one it starts with gets that longer prefix prefilled and kept). The suffixes are then
 prefilled together on top of the prefix's KV, repeated per row, with per-row positions continuing after the prefix
 and the suffixes' left padding masked between prefix and suffix. Finally each row's keys / values are moved so its
 real tokens end the row (the left-padded layout every other prefill returns): callers cannot tell the difference, up
@@ -59,15 +60,16 @@ class SharedPrefixes:
             self.version = backend.version
         keys = [tuple(int(t) for t in p) for p in prompts]
         shortest = min(len(k) for k in keys)
-        prefix = max((p for p in self._kv if len(p) < shortest and all(k[:len(p)] == p for k in keys)),
-                     key=len, default=None)
-        if prefix is not None:
+        kept = max((p for p in self._kv if len(p) < shortest and all(k[:len(p)] == p for k in keys)),
+                   key=len, default=None)
+        size = min(_common_prefix(keys), shortest - 1) if len(keys) > 1 else 0
+        if kept is not None and size < len(kept) + self.min_tokens:  # this batch shares little more than it
+            prefix = kept
             self._kv.move_to_end(prefix)
             self.hits += 1
-        else:
-            size = min(_common_prefix(keys), shortest - 1)
-            if size < self.min_tokens or len(keys) < 2:
-                return None
+        elif size < self.min_tokens:
+            return None
+        else:  # a new shared prefix, or one at least min_tokens longer than the kept one: prefill it once, keep it
             prefix = keys[0][:size]
             _, cache, _ = backend._prefill_plain([list(prefix)])
             self._kv[prefix] = ([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
