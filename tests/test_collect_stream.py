@@ -7,7 +7,6 @@ backend. Also the tiny backend's continuous batching and the streaming scripted 
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import pytest
@@ -26,26 +25,20 @@ from sara.envs.base import GenerationRequest
 from sara.envs.task_env import TaskEnv
 from sara.seeding import derive_seeds
 from sara.testing import check_backend
-from sara.testing.scripted import ScriptedBackend, StreamingScriptedBackend, prompt_text
+from sara.testing.scripted import ScriptedBackend
+from sara.testing.streaming import CoinArithmetic
 from sara.types import Decision
 
 TASK = "sara/Arithmetic-v0:max_digits=2,pool_size=300,eval_size=8"
 
 
-class Arith(StreamingScriptedBackend):
-    """Right with a per-prompt probability (some prompts always, some never); 1..8 ticks per seed; records the order
-    of submissions, finishes and aborts."""
+class Arith(CoinArithmetic):
+    """``CoinArithmetic`` (right with a per-prompt probability, some prompts always, some never; 1..8 ticks per seed)
+    that records the order of submissions, finishes and aborts."""
 
     def __init__(self, slots: int = 16) -> None:
         super().__init__(slots)
         self.events: list[tuple[str, int]] = []
-
-    def answer(self, request: GenerationRequest, seed: int) -> str:
-        a, op, b = re.findall(r"([0-9]+)([+-])([0-9]+)=", prompt_text(request))[-1]
-        value = int(a) + int(b) if op == "+" else int(a) - int(b)
-        p = (int(a) * 7 + int(b) * 3) % 11 / 10  # 0.0 .. 1.0 per prompt
-        right = int(derive_seeds(seed, 5) % np.uint64(1000)) < 1000 * p
-        return f"{value if right else value + 1}\n"
 
     def submit(self, items, sampling):
         super().submit(items, sampling)
@@ -62,7 +55,7 @@ class Arith(StreamingScriptedBackend):
 
 
 class Plain(ScriptedBackend):
-    answer = Arith.answer
+    answer = CoinArithmetic.answer
 
 
 def _env(slots: int = 16, backend=None) -> TaskEnv:

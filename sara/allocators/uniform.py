@@ -74,15 +74,17 @@ class _FullGroupAllocator(StreamingMixin, BudgetAllocator):
         """Once the target is covered no open group gets more rollouts (the step ends)."""
         return np.zeros(len(probing), bool)
 
+    def _groups_in_flight_wanted(self) -> int:
+        """Groups a streaming step wants open: ``ceil(needed / effective fraction)``."""
+        return math.ceil(self._needed() / max(self._effective_fraction(), 1.0 / 64) - 1e-9)
+
     def wants_slots(self, idle: int) -> int:
-        """Fresh prompts for ``idle`` slots: ``ceil(needed / effective fraction)`` minus the groups in flight, at most
-        one per k idle slots (every admitted group starts all k rollouts soon), within the budget and ``_max_units``."""
-        needed = self._needed()
-        if idle <= 0 or needed == 0:
+        """Fresh prompts for ``idle`` slots: ``_groups_in_flight_wanted`` minus the groups in flight, at most one per
+        k idle slots (every admitted group starts all k rollouts soon), within the budget and ``_max_units``."""
+        if idle <= 0 or self._needed() == 0:
             return 0
         open_ = int((self.units.status == UnitStatus.PROBING).sum())
-        want = math.ceil(needed / max(self._effective_fraction(), 1.0 / 64) - 1e-9) - open_
-        want = min(want, math.ceil(idle / self.k))
+        want = min(self._groups_in_flight_wanted() - open_, math.ceil(idle / self.k))
         cap = self._affordable_units()
         if cap is not None:
             want = min(want, cap)
@@ -148,15 +150,11 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
     def _max_units(self) -> int:
         return self.config.max_gen_batches * max(self.target_groups + self.lookahead, 1)
 
-    def wants_slots(self, idle: int) -> int:
-        """``gen_batch_prompts`` set: keep that many groups in flight; otherwise the template's rule."""
-        if self.config.gen_batch_prompts is None or idle <= 0 or self._needed() == 0:
-            return super().wants_slots(idle)
-        open_ = int((self.units.status == UnitStatus.PROBING).sum())
-        want = min(self.config.gen_batch_prompts - open_, math.ceil(idle / self.k),
-                   self._max_units() - len(self.units))
-        cap = self._affordable_units()
-        return max(0, want if cap is None else min(want, cap))
+    def _groups_in_flight_wanted(self) -> int:
+        """``gen_batch_prompts`` when set (that many groups kept in flight), else the estimate's."""
+        if self.config.gen_batch_prompts is not None:
+            return self.config.gen_batch_prompts
+        return super()._groups_in_flight_wanted()
 
     def keep(self, ids: np.ndarray) -> np.ndarray:
         return self.units.std(ids) > self.config.eps
