@@ -316,6 +316,21 @@ def test_worker_that_keeps_failing_ends_the_run_with_a_clear_error(ray_cluster, 
     assert "while generating rollouts (round 1:" in msg and "weights version 0" in msg
 
 
+def _kill_and_wait(actor, timeout: float = 60.0) -> None:
+    """``ray.kill`` is asynchronous: return once the actor is dead, so the next round cannot still reach it."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.attribute.remote("loaded"), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers")
+
+
 @pytest.mark.ray
 def test_round_after_weight_update_uses_new_version_even_after_a_restart(ray_cluster):
     local = WeightedSimEnv()
@@ -332,7 +347,7 @@ def test_round_after_weight_update_uses_new_version_even_after_a_restart(ray_clu
             assert all(r.reward == rate for rs in out for r in rs)
         assert ray.get(pool.actors[0].attribute.remote("loaded")) == [1, 2]
         # a worker that dies after the update comes back with the current weights
-        ray.kill(pool.actors[0], no_restart=True)
+        _kill_and_wait(pool.actors[0])
         out = pool.rollout(reqs)
         assert all(r.reward == 0.0 for rs in out for r in rs) and pool.restarts == [1, 0]
         assert [i["version"] for i in pool.worker_info()] == [2, 2]
