@@ -12,7 +12,7 @@ if __name__ == "__main__":
     for population in ("u-shaped", "mid-training", "uniform"):
         print(f"\n## population: {population}")
         main(["bench", "allocation", "--population", population, "--k", "8", "--seeds", "5",
-              "--allocators", "uniform;ds;sara:tau_low=0.45,probe=1;sara:tau_low=0.45,probe=2/1",
+              "--allocators", "uniform;ds;sara_paper:tau_low=0.45,probe=1;sara_paper:tau_low=0.45,probe=2/1",
               "--json", f"{out}/{population}.json"])
     print("\n## decision throughput")
     main(["bench", "decisions", "--units", "1000000"])

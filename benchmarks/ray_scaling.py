@@ -23,7 +23,7 @@ from sara.envs.sim.latency import LatencyEnv
 
 def run(env, steps: int, target: int, k: int) -> dict[str, float]:
     """Run ``steps`` collection steps; return wall time and totals."""
-    alloc = make_allocator("sara:tau_low=0.45", k=k)
+    alloc = make_allocator("sara_paper:tau_low=0.45", k=k)
     sampler = UniformSampler(len(env.prompts), seed=0)
     t0 = time.perf_counter()
     rollouts = tokens = 0

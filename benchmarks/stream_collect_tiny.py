@@ -30,15 +30,16 @@ if __name__ == "__main__":
     args = p.parse_args()
 
     import torch
-
-    from sara.allocators import UniformSampler, make_allocator
-    from sara.backends.tiny import TinyBackend
-    from sara.collect import collect
     from sara.collect_stream import collect_stream
+
+    from sara.allocators import make_allocator
+    from sara.backends.tiny import TinyBackend
+    from sara.driver import collect
     from sara.envs.base import GenerationRequest
     from sara.envs.task_env import TaskEnv
     from sara.envs.tasks import make_task
     from sara.policies import POLICIES
+    from sara.samplers import UniformSampler
     from sara.train import TrainConfig
 
     torch.set_num_threads(args.threads)

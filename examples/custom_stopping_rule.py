@@ -29,5 +29,5 @@ if __name__ == "__main__":
     check_allocator(AbandonAfterM(k=8, m=3))  # terminates, budget, accounting, determinism, state round-trip
     print("check_allocator: ok")
     cfg = AllocationBenchConfig(population="u-shaped", k=8, target_groups=512, seeds=3,
-                                allocators=["ds", "sara:tau_low=0.45", "abandon_after_m:m=3", "abandon_after_m:m=5"])
+                                allocators=["ds", "sara_paper:tau_low=0.45", "abandon_after_m:m=3", "abandon_after_m:m=5"])
     print(format_table(run_allocation_bench(cfg)))

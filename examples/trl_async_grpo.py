@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps (TRL max_steps)")
     ap.add_argument("--model", default="smollm2", help="prepared model name or local HF model directory")
     ap.add_argument("--task", default="examples/ChatSum-v0")
-    ap.add_argument("--allocator", default="sara:tau_low=0.45,completion=as_is")
+    ap.add_argument("--allocator", default="sara_paper:tau_low=0.45,completion=as_is")
     ap.add_argument("--sampler", default="uniform")
     ap.add_argument("--k", type=int, default=8, help="group size of the allocator (k=8, tau_low=0.45: abandon after 4 equal)")
     ap.add_argument("--target-groups", type=int, default=2, help="committed groups per SARA collect step")

@@ -4,7 +4,7 @@ Public API::
 
     from sara import collect, make_allocator, SimulatedEnv, UniformSampler
     env = SimulatedEnv("u-shaped", size=10_000, seed=0)
-    result = collect(make_allocator("sara:tau_low=0.45", k=8), env, UniformSampler(len(env.prompts)), target_groups=256)
+    result = collect(make_allocator("sara", k=8), env, UniformSampler(len(env.prompts)), target_groups=256)
 """
 
 from sara.allocators import (
@@ -12,16 +12,16 @@ from sara.allocators import (
     BudgetAllocator,
     DynamicSamplingAllocator,
     SARAAllocator,
+    SARAPaperAllocator,
     SequentialAllocator,
     UniformAllocator,
-    UniformSampler,
     make_allocator,
-    make_sampler,
     p_effective,
 )
-from sara.collect import CollectConfig, collect
 from sara.config import ConfigError
+from sara.driver import DriverConfig, collect
 from sara.envs import SimulatedEnv
+from sara.samplers import UniformSampler, make_sampler
 from sara.types import CollectResult, CollectStats, Decision, Group, Prompt, Rollout, RolloutRequest
 
 __version__ = "0.1.0"
@@ -29,17 +29,18 @@ __version__ = "0.1.0"
 __all__ = [
     "ALLOCATORS",
     "BudgetAllocator",
-    "CollectConfig",
     "CollectResult",
     "CollectStats",
     "ConfigError",
     "Decision",
+    "DriverConfig",
     "DynamicSamplingAllocator",
     "Group",
     "Prompt",
     "Rollout",
     "RolloutRequest",
     "SARAAllocator",
+    "SARAPaperAllocator",
     "SequentialAllocator",
     "SimulatedEnv",
     "UniformAllocator",

@@ -9,7 +9,7 @@ offending field and what to change, e.g.::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -31,6 +31,9 @@ class SaraModel(BaseModel):
     """Base for every config: unknown fields are errors, assignments are validated, docstrings document fields."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, frozen=False)
+    other_rules: ClassVar[Mapping[str, str]] = {}
+    """Options that belong to another registered rule, mapped to its name: giving one here is an error that names
+    the spec to use instead (a name always means one rule)."""
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -70,11 +73,15 @@ def validate_config(model: type[M], data: Mapping[str, Any], *, what: str) -> M:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"])
             got = err.get("input")
-            hint = err["msg"]
+            hint = err["msg"].removeprefix("Value error, ")
             if not field:  # a cross-field check: its message names the fields
-                lines.append(hint.removeprefix("Value error, "))
+                lines.append(hint)
                 continue
-            if err["type"] == "extra_forbidden":
+            if err["type"] == "extra_forbidden" and field in model.other_rules:
+                other = model.other_rules[field]
+                hint = (f"an option of {other!r}, not of this rule; use '{other}:{field}={got}' (options of this "
+                        f"rule: {', '.join(sorted(model.model_fields))})")
+            elif err["type"] == "extra_forbidden":
                 known = ", ".join(sorted(model.model_fields))
                 hint = f"unknown option; known options: {known}"
             lines.append(f"field '{field}': {hint} (got {got!r})")

@@ -12,8 +12,7 @@ Loading, shared by the HF policy and the HF / vLLM backends (so neither imports 
 ``resolve_hf_model`` give ``(model, tokenizer)`` from a prepared name or directory, and ``generator_state`` drops the
 entries a policy adds beside the causal LM's own weights (``NON_MODEL_PREFIXES``) before they go to a generator.
 
-Heavy imports (torch, transformers) happen inside functions only. (Was ``sara.models``; that path still works, with a
-``DeprecationWarning``.)
+Heavy imports (torch, transformers) happen inside functions only.
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ class OutcomeCounts:
         """
         import numpy as np
 
-        from sara.allocators.stopping import GRID_POINTS, em_weights, p_mixed_given
+        from sara.priors.grid import GRID_POINTS, em_weights, p_mixed_given
 
         if not self.counts:
             return 0.0

@@ -100,6 +100,8 @@ class Rollout:
         logprobs: Per-token log-probabilities under the generating policy, aligned with ``token_ids``.
         prompt_token_ids: Token ids of the rendered prompt (+ prefix), when known.
         finish_reason: ``"stop"``, ``"length"``, ... as reported by the backend.
+        policy_version: Weights version of the generator when the rollout started (None = unknown). A rollout older
+            than the learner's weights is trained with its generator's log-probs as old log-probs.
         metadata: Free-form extras (verifier diagnostics, tree node ids, ...).
     """
 
@@ -113,6 +115,7 @@ class Rollout:
     logprobs: tuple[float, ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     finish_reason: str | None = None
+    policy_version: int | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -161,7 +164,7 @@ class Group:
 
 @dataclass(frozen=True)
 class CollectStats:
-    """Exact accounting of one ``collect`` call.
+    """Exact accounting of one collection step (``sara.driver.collect``).
 
     Invariants (checked by ``sara.testing.check_allocator``)::
 
@@ -172,7 +175,7 @@ class CollectStats:
     Attributes:
         rollouts: Rollouts generated in this step.
         tokens: Tokens generated in this step.
-        rounds: Batched environment calls made.
+        rounds: Environment calls that delivered rollouts (rounds; polls when streaming).
         committed_groups: Groups handed to the training batch.
         effective_groups: Committed groups that are effective (reward std > eps).
         abandoned_groups: Units abandoned by the allocator.
@@ -193,16 +196,16 @@ class CollectStats:
         wrong_abandons: Abandoned units whose full size-k group would have been mixed (only when the environment can
             tell, e.g. the simulator; else ``None``).
         effective_rollouts: Rollouts inside effective committed groups.
-        aborted_rollouts: Rollouts started and cancelled before they finished (streaming drivers: in-flight rollouts
-            of units closed without them, and everything in flight at the step's end). They are in no group and not
-            in ``rollouts``: rollouts started == ``rollouts + aborted_rollouts``. ``collect`` leaves it 0.
+        aborted_rollouts: Rollouts started and cancelled before they finished (streaming: in-flight rollouts of
+            units closed without them, and everything in flight at the step's end). They are in no group and not in
+            ``rollouts``: rollouts started == ``rollouts + aborted_rollouts``. 0 in synchronous rounds.
         aborted_tokens: Tokens the aborted rollouts had generated when cancelled (as the engine reported them; not
-            in ``tokens``). ``collect`` leaves it 0.
-        mean_inflight: Streaming drivers: rollouts in flight averaged over the driver's ``poll`` calls (poll-weighted,
-            not time-weighted: each poll counts once, with the rollouts in flight when it was issued), a measure of
-            engine occupancy next to ``env.slots``. ``collect`` leaves it 0.
-        carried_in_rollouts: Streaming carry-over (``collect_stream(carry_lag=...)``): rollouts delivered in earlier
-            steps to units re-admitted in this one (in this step's groups, not in ``rollouts``).
+            in ``tokens``). 0 in synchronous rounds.
+        mean_inflight: Streaming: rollouts in flight averaged over the driver's ``poll`` calls (poll-weighted, not
+            time-weighted: each poll counts once, with the rollouts in flight when it was issued), a measure of
+            engine occupancy next to ``env.slots``. 0 in synchronous rounds.
+        carried_in_rollouts: Streaming carry-over (``DriverConfig.carry_lag``): rollouts delivered in earlier steps
+            to units re-admitted in this one (in this step's groups, not in ``rollouts``).
         carried_out_rollouts: Rollouts delivered so far to the units handed on to the next step (in ``rollouts``, in
             no group of this step).
         carried_in_inflight: Rollouts still running on the engine when this step received them (they finish here:
@@ -260,7 +263,7 @@ class CollectStats:
 
 @dataclass(frozen=True)
 class CollectResult:
-    """What ``collect`` returns: the training batch plus everything that was not used, and the accounting.
+    """What a collection step returns: the training batch plus everything that was not used, and the accounting.
 
     Attributes:
         groups: Committed groups (the training batch), in commit order. May hold saturated groups (uniform
@@ -275,8 +278,8 @@ class CollectResult:
     discarded: tuple[Group, ...]
     stats: CollectStats
     carry: Any = None
-    """Streaming carry-over: the open units and running rollouts handed to the next step
-    (``sara.collect_stream.StreamCarry``; pass it as ``carry=`` to the next ``collect_stream``), else None."""
+    """Streaming carry-over: the open units and running rollouts handed to the next step (``sara.step.StreamCarry``;
+    pass it as ``carry=`` to the next ``collect``), else None."""
 
     @property
     def rollouts(self) -> list[Rollout]:

@@ -256,10 +256,9 @@ def test_user_outcome_level_estimator_gets_the_kl_mode_check() -> None:
     assert spec.replace(scale="2").advantage_kwargs == {"scale": 2.0}
     with pytest.raises(ConfigError, match="field 'scale'"):
         spec.replace(scale="big")
-    with pytest.warns(DeprecationWarning, match="outcome_level"):
-        from sara.algos import OUTCOME_ESTIMATORS
-    assert {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "test_outcome_user"} <= OUTCOME_ESTIMATORS
-    assert "test_token_user" not in OUTCOME_ESTIMATORS
+    names = ADVANTAGES.outcome_level_names()
+    assert {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "test_outcome_user"} <= names
+    assert "test_token_user" not in names
 
 
 def test_norm_len_sets_dr_grpo_constant_length() -> None:

@@ -8,6 +8,7 @@ from sara.allocators import (
     ALLOCATORS,
     Decision,
     SARAAllocator,
+    SARAPaperAllocator,
     SequentialAllocator,
     UnitView,
     make_allocator,
@@ -22,21 +23,21 @@ def test_every_registered_allocator_conforms(name):
 
 
 @pytest.mark.parametrize("spec", ["sara:probe=2/1", "sara:completion=as_is", "sara:oversample=1",
-                                  "sara:tau_high=0.7,tau_low=0.3", "sara:rule=paper,prior=history",
+                                  "sara_paper:tau_high=0.7,tau_low=0.3", "sara_paper:prior=history",
                                   "sara:prior=history", "sara:prior=constant,alpha0=0.3,beta0=0.3",
                                   "ds:gen_batch_prompts=16,max_gen_batches=3"])
 def test_variants_conform(spec):
     check_allocator(make_allocator(spec, k=6), target_groups=24, steps=2, seeds=(1,))
 
 
-def test_sara_abandons_after_four_identical_at_k8():
-    a = SARAAllocator(k=8, tau_low=0.45, oversample=1)
+def test_sara_paper_abandons_after_four_identical_at_k8():
+    a = SARAPaperAllocator(k=8, tau_low=0.45, oversample=1)
     a.begin_step(1, step=0)
     a.admit(np.array([0]))
     for i in range(4):
-        ids, counts = a.plan()
-        assert counts.tolist() == [1]
-        closed, dec = a.observe(ids, np.zeros(1))
+        ids = a.dispatch(100)
+        assert ids.tolist() == [0] and len(a.dispatch(100)) == 0  # one rollout in flight at a time
+        closed, dec = a.finished(ids, np.zeros(1))
         if i < 3:
             assert len(closed) == 0
     assert dec.tolist() == [Decision.ABANDON]
@@ -46,12 +47,12 @@ def test_sara_commits_mixed_and_fills_to_k():
     a = SARAAllocator(k=8, oversample=1)
     a.begin_step(1, step=0)
     a.admit(np.array([5]))
-    a.observe(*[np.array([0]), np.array([1.0])])
-    closed, _ = a.observe(np.array([0]), np.array([0.0]))
+    a.finished(a.dispatch(8), np.array([1.0]))
+    closed, _ = a.finished(a.dispatch(8), np.array([0.0]))
     assert len(closed) == 0  # mixed -> filling
-    ids, counts = a.plan()
-    assert counts.tolist() == [6]
-    closed, dec = a.observe(np.repeat(ids, counts), np.ones(6))
+    ids = a.dispatch(100)
+    assert ids.tolist() == [0] * 6
+    closed, dec = a.finished(ids, np.ones(6))
     assert dec.tolist() == [Decision.COMMIT]
 
 
@@ -113,7 +114,7 @@ def test_bad_decide_shape_is_reported():
 
 
 @pytest.mark.parametrize("spec,field", [
-    ("sara:k=1", "k"), ("sara:tau_low=1.5", "tau_low"), ("sara:tau_low=0.6,tau_high=0.5", "tau_low"),
+    ("sara:k=1", "k"), ("sara_paper:tau_low=1.5", "tau_low"), ("sara_paper:tau_low=0.6,tau_high=0.5", "tau_low"),
     ("sara:alpha0=-1", "alpha0"), ("sara:beta0=0", "beta0"), ("sara:probe=0", "probe"), ("sara:bogus=1", "bogus"),
     ("ds:max_gen_batches=0", "max_gen_batches"), ("sara:oversample=0.5", "oversample"),
 ])
@@ -128,13 +129,14 @@ def test_unknown_allocator_lists_known():
 
 
 def test_spec_parsing_and_entry_points():
-    assert parse_spec("sara:tau_low=0.45,probe=1") == ("sara", {"tau_low": "0.45", "probe": "1"})
+    assert parse_spec("sara_paper:tau_low=0.45,probe=1") == ("sara_paper", {"tau_low": "0.45", "probe": "1"})
     assert parse_spec("ds") == ("ds", {})
     assert parse_spec("tests.test_allocators:AbandonAfterTwo") == ("tests.test_allocators:AbandonAfterTwo", {})
-    a = make_allocator("sara:tau_low=0.3,probe=2/1", k=6)
+    a = make_allocator("sara_paper:tau_low=0.3,probe=2/1", k=6)
     assert a.config.tau_low == 0.3 and a.config.probe == (2, 1) and a.k == 6
-    b = make_allocator("sara:k=4", k=8)  # the spec wins over defaults
-    assert b.k == 4
+    with pytest.raises(ConfigError, match="field 'k'.*disagrees with the run's k=8"):
+        make_allocator("ds:k=3", k=8)  # one source of k: the run's
+    assert make_allocator("ds:k=8", k=8).k == 8 and make_allocator("ds:k=3").k == 3
 
 
 def test_registry_rejects_duplicates():

@@ -124,7 +124,7 @@ def test_update_weights_reaches_generator(policy, backend):
     vocab = backend.model.config.vocab_size
     assert all(abs(x + math.log(vocab)) < 1e-3 for c in broken for x in c.logprobs)
     assert [c.token_ids for c in broken] != [c.token_ids for c in before]
-    assert broken[0].metadata["weights_version"] == backend.version
+    assert broken[0].policy_version == backend.version
     backend.update_weights(policy.state_dict(), backend.version + 1)  # back to the real weights
     assert [c.token_ids for c in backend.generate(req, s)[0]] == [c.token_ids for c in before]
     with pytest.raises(ValueError, match="must increase"):

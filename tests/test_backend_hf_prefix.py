@@ -20,8 +20,8 @@ def pair(tiny_model_dir):
     """Two backends on the same float32 weights: the prompt-KV cache on (default) and off."""
     from sara.backends.hf import HFBackend
 
-    on = HFBackend(str(tiny_model_dir), dtype="float32", stream_slots=3)
-    off = HFBackend(str(tiny_model_dir), dtype="float32", stream_slots=3, prefix_cache_tokens=0)
+    on = HFBackend(str(tiny_model_dir), dtype="float32", max_batch_size=3)
+    off = HFBackend(str(tiny_model_dir), dtype="float32", max_batch_size=3, prefix_cache_tokens=0)
     yield on, off
     on.close()
     off.close()

@@ -22,8 +22,8 @@ def pair(tiny_model_dir):
     """Same float32 weights: shared-prefix prefill on (no prompt-KV cache, so every prefill runs) and off."""
     from sara.backends.hf import HFBackend
 
-    on = HFBackend(str(tiny_model_dir), dtype="float32", stream_slots=3, prefix_cache_tokens=0, shared_prefix_tokens=4)
-    off = HFBackend(str(tiny_model_dir), dtype="float32", stream_slots=3, prefix_cache_tokens=0, shared_prefix_tokens=0)
+    on = HFBackend(str(tiny_model_dir), dtype="float32", max_batch_size=8, prefix_cache_tokens=0, shared_prefix_tokens=4)
+    off = HFBackend(str(tiny_model_dir), dtype="float32", max_batch_size=8, prefix_cache_tokens=0, shared_prefix_tokens=0)
     yield on, off
     on.close()
     off.close()

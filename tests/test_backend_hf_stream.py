@@ -23,7 +23,7 @@ SAMPLING = SamplingConfig(max_new_tokens=10)
 def backend(tiny_model_dir):
     from sara.backends.hf import HFBackend
 
-    b = HFBackend(str(tiny_model_dir), dtype="float32", stream_slots=3)
+    b = HFBackend(str(tiny_model_dir), dtype="float32", max_batch_size=3)
     yield b
     b.close()
 
@@ -51,9 +51,9 @@ def test_protocol_and_config(backend):
     from sara.config import ConfigError, validate_config
 
     assert isinstance(backend, StreamingBackend) and backend.slots == 3
-    assert HFBackend(backend.model, backend.tokenizer, max_batch_size=5).slots == 5  # default = max_batch_size
-    with pytest.raises(ConfigError, match="stream_slots"):
-        validate_config(HFBackendConfig, {"stream_slots": 0}, what="backend 'hf'")
+    assert HFBackend(backend.model, backend.tokenizer, max_batch_size=5).slots == 5  # the capacity: max_batch_size
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        validate_config(HFBackendConfig, {"max_batch_size": 0}, what="backend 'hf'")
     assert backend.poll() == [] and backend.abort([1, 2]) == 0 and backend.inflight() == 0
     with pytest.raises(ValueError, match="exactly one seed"):
         backend.submit([(1, GenerationRequest(prompt="a", seeds=(1, 2)))], SAMPLING)
@@ -82,7 +82,7 @@ def test_tags_out_of_order_and_equal_to_generate(backend):
         assert c.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
         assert (c.seed, c.prompt_token_ids, c.finish_reason, c.text) == (ref.seed, ref.prompt_token_ids,
                                                                        ref.finish_reason, ref.text)
-        assert c.num_tokens == req.max_new_tokens and c.metadata == {"weights_version": backend.version}
+        assert c.num_tokens == req.max_new_tokens and c.policy_version == backend.version
     assert backend._stream.prefills >= 2  # slots were refilled (3 slots, 8 completions)
 
 
@@ -152,7 +152,8 @@ def _state(backend):
 
 
 def test_weights_update_mid_stream_is_reported(backend):
-    """Weights loaded between polls reach in-flight completions at their next forward; the versions are reported."""
+    """Weights loaded between polls reach in-flight completions at their next forward; the version that started the
+    completion is reported."""
     state = _state(backend)
     req = GenerationRequest(prompt=PROMPTS[0], seeds=(5,), max_new_tokens=6)
     backend.submit([(1, GenerationRequest(prompt=PROMPTS[1], seeds=(6,), max_new_tokens=2)), (2, req)], SAMPLING)
@@ -160,7 +161,7 @@ def test_weights_update_mid_stream_is_reported(backend):
     v0 = backend.version
     backend.update_weights(state, v0 + 1)
     got, _ = _drain(backend)
-    assert got[2].metadata == {"weights_version": v0 + 1, "weights_version_first": v0}
+    assert got[2].policy_version == v0  # the weights that started it (its later tokens came from v0 + 1)
     assert got[2].token_ids == _alone(backend, req).token_ids  # the same weights were loaded
 
 

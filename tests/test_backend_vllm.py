@@ -85,7 +85,7 @@ def test_weight_update_changes_outputs(engine, policy):
     vocab = engine.tokenizer.vocab_size
     assert after.token_ids != before.token_ids
     assert all(abs(x + math.log(vocab)) < 1e-2 for x in after.logprobs)
-    assert after.metadata["weights_version"] == engine.version
+    assert after.policy_version == engine.version
     engine.update_weights(policy.state_dict(), engine.version + 1)  # back to the real weights (prefix cache reset)
     again = engine.generate(req, greedy)[0][0]
     assert again.token_ids == before.token_ids

@@ -20,9 +20,10 @@ PROMPTS = [[{"role": "user", "content": "What is 2+3? Answer briefly."}],
 
 @pytest.fixture(scope="module")
 def engine(vllm_model_path):
-    from sara.backends import make_backend
+    from sara.backends import BACKENDS
 
-    b = make_backend(f"vllm:model={vllm_model_path},engine=async,max_model_len=512,stream_slots=4")
+    b = BACKENDS.get("vllm")(None, {"model": vllm_model_path, "engine": "async", "max_model_len": 512,
+                                    "engine_kwargs": {"max_num_seqs": 4}})  # the engine's capacity: its slots
     yield b
     b.close()
     assert not b._thread.is_alive()
@@ -72,7 +73,7 @@ def test_stream_tags_caps_order_and_logprobs(engine, policy):
         c = got[tag]
         assert 0 < c.num_tokens <= cap and len(c.logprobs) == c.num_tokens and c.seed == req.seeds[0]
         assert c.prompt_token_ids == tuple(encode_prompt(engine.tokenizer, req.prompt))
-        assert c.finish_reason in ("stop", "length") and c.metadata == {"weights_version": engine.version}
+        assert c.finish_reason in ("stop", "length") and c.policy_version == engine.version
     d = logprob_gaps(policy, list(got.values()))
     assert float(d.mean()) < 0.15 and float(d.max()) < 1.5, (float(d.mean()), float(d.max()))
     full = engine.generate([items[0][1]], sampling)[0][0]  # greedy: the same text as the streamed one
@@ -102,7 +103,7 @@ def test_weight_update_reaches_streamed_requests(engine, policy):
     (tag, c), = _drain(engine)[0].items()
     vocab = engine.tokenizer.vocab_size
     assert all(abs(x + math.log(vocab)) < 1e-2 for x in c.logprobs)
-    assert c.metadata["weights_version"] == engine.version
+    assert c.policy_version == engine.version
     engine.update_weights(policy.state_dict(), engine.version + 1)  # back to the real weights
     engine.submit([(2, req)], greedy)
     c2 = _drain(engine)[0][2]

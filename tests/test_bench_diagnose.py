@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 
-from sara.allocators import make_allocator, make_sampler
+from sara.allocators import make_allocator
 from sara.bench.diagnose import AllocationDiagnostics, population_figures, summarize
-from sara.collect import WrongAbandons, collect
+from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
+from sara.samplers import make_sampler
+from sara.step import WrongAbandons
 
 
 class _NoCounterfactual:
@@ -19,7 +21,7 @@ class _NoCounterfactual:
         return self.env.rollout(requests)
 
 
-@pytest.mark.parametrize("spec", ["sara:tau_low=0.45", "sara", "ds"])
+@pytest.mark.parametrize("spec", ["sara_paper:tau_low=0.45", "sara", "ds"])
 def test_breakdown_matches_collect_accounting(spec):
     env = SimulatedEnv("u-shaped", size=4000, seed=2)
     sim_obs, real_obs = AllocationDiagnostics(env), AllocationDiagnostics(_NoCounterfactual(env), finish=True)

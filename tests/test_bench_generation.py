@@ -21,12 +21,12 @@ TASK = "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000"  # the tiny policy
 
 
 def test_parse_allocators_splits_on_semicolons_and_reads_the_stream_suffix():
-    assert parse_allocators("ds;sara:tau_low=0.3,probe=2/1;sara+stream") == [
-        ("ds", "sync"), ("sara:tau_low=0.3,probe=2/1", "sync"), ("sara", "stream")]
-    assert parse_allocators(" sara_async:max_inflight=4 +stream ; ds ;") == [
-        ("sara_async:max_inflight=4", "stream"), ("ds", "sync")]
+    assert parse_allocators("ds;sara_paper:tau_low=0.3,probe=2/1;sara+stream") == [
+        ("ds", "sync"), ("sara_paper:tau_low=0.3,probe=2/1", "sync"), ("sara", "stream")]
+    assert parse_allocators(" sara:probe=4 +stream ; ds ;") == [("sara:probe=4", "stream"), ("ds", "sync")]
     assert parse_allocators("sara+carry;ds") == [("sara", "carry"), ("ds", "sync")]
-    for bad in ("", ";", "ds;;sara", "+stream", "+carry"):
+    assert parse_allocators("sara+fill+carry;sara+fill") == [("sara", "fill+carry"), ("sara", "fill")]
+    for bad in ("", ";", "ds;;sara", "+stream", "+carry", "sara+fast"):
         with pytest.raises(ConfigError, match="field 'allocators'"):
             parse_allocators(bad)
 
@@ -100,7 +100,7 @@ def test_sync_report_on_the_tiny_backend(tiny):
     """Synchronous drivers: the full batch regenerates the very same tokens (per-completion seeds), nothing is
     aborted."""
     task, backend = tiny
-    specs = ["ds", "sara:tau_low=0.45"]
+    specs = ["ds", "sara_paper:tau_low=0.45"]
     report = run_generation_bench(dict(allocators=specs, groups=2, k=4, steps=2, task=TASK), backend=backend, task=task)
     _check_report(report, specs)
     assert report["task"] == TASK and report["config"]["groups"] == 2
@@ -163,7 +163,7 @@ def test_full_size_groups_are_counted_apart_from_partial_ones(tiny):
     """A streaming step commits the groups still filling when its target is reached as they are; the report counts
     effective groups of the full size k separately (synchronous rounds fill every committed group)."""
     task, backend = tiny
-    report = run_generation_bench(dict(allocators=["sara", "sara_async:work_conserving=true+stream"], groups=4, k=4,
+    report = run_generation_bench(dict(allocators=["sara", "sara+fill"], groups=4, k=4,
                                        steps=2, task=TASK), backend=backend, task=task)
     sync, stream = report["results"]
     assert sync["full_groups"] == sync["effective_groups"] > 0
@@ -193,9 +193,9 @@ def test_allocators_are_composed_with_the_pool_as_in_training():
     ``sara`` splits its population prior by component."""
     from types import SimpleNamespace
 
-    from sara.allocators.grouped import GroupedGridPrior
     from sara.bench.generation import GenerationBenchConfig, _Run
     from sara.envs.tasks import make_task
+    from sara.priors.grouped import GroupedGridPrior
 
     task = make_task("sara/Mixture-v0:components=arithmetic-bands,pool_size=200,eval_size=20")
     run = _Run(GenerationBenchConfig(allocators=["sara"]), "sara", "sync", SimpleNamespace(prompts=task.prompts), 0)

@@ -1,14 +1,19 @@
-"""Asynchronous allocation (issue 5): streaming API, event simulator, wall-clock vs synchronous rounds."""
+"""Streaming on a simulated engine: the latency model's virtual clock, wall-clock vs synchronous rounds."""
+
+import functools
 
 import numpy as np
 import pytest
 
 from sara import SimulatedEnv, UniformSampler, collect
 from sara.allocators import make_allocator
-from sara.collect_async import simulate_async, simulate_sync
+from sara.bench.beyond import simulate
 from sara.envs.sim.latency import LatencyEnv
 from sara.envs.sim.latency import makespan as _makespan
-from sara.testing import check_allocator
+
+STREAM = {"barrier": False}
+simulate_sync = functools.partial(simulate, driver=None)
+simulate_async = functools.partial(simulate, driver={**STREAM, "fill_idle": True})
 
 
 def test_makespan():
@@ -17,18 +22,22 @@ def test_makespan():
     assert _makespan(np.array([2.0, 1.0, 1.0]), 2) == 2.0
 
 
-def test_sara_async_is_sara_under_synchronous_collect():
-    def fp(spec):
-        env = SimulatedEnv("u-shaped", size=3000, seed=0)
-        res = collect(make_allocator(spec, k=8), env, UniformSampler(3000, seed=0), target_groups=32, seed=0)
-        return [(g.group_id, tuple(r.reward for r in g.rollouts)) for g in (*res.groups, *res.abandoned)]
-
-    assert fp("sara_async") == fp("sara")
-    check_allocator(make_allocator("sara_async", k=8), target_groups=16, steps=2, seeds=(0,))
+def test_fill_idle_admits_a_prompt_for_every_idle_slot():
+    """Work-conserving streaming (``fill_idle``) keeps every slot busy while groups are needed; the allocator's own
+    admission rule keeps fewer in flight (it sizes admission by expected commits)."""
+    runs = {}
+    for fill in (False, True):
+        env = LatencyEnv(SimulatedEnv("u-shaped", size=3000, seed=0), latency={"slots": 64})
+        res = collect(make_allocator("sara", k=8), env, UniformSampler(3000, seed=0), target_groups=32, seed=0,
+                      driver={**STREAM, "fill_idle": fill})
+        runs[fill] = res.stats
+    assert runs[True].mean_inflight > runs[False].mean_inflight
+    assert runs[True].mean_inflight > 63.0  # every slot busy but in the step's last polls
+    assert runs[True].prompts_drawn > runs[False].prompts_drawn
 
 
 def test_dispatch_respects_inflight_limits():
-    alloc = make_allocator("sara_async:max_inflight=2", k=4)
+    alloc = make_allocator("sara:probe=2", k=4)
     alloc.begin_step(2, step=0)
     alloc.admit(np.array([10, 11]))
     ids = alloc.dispatch(10)
@@ -41,7 +50,7 @@ def test_dispatch_respects_inflight_limits():
 @pytest.fixture(scope="module")
 def runs():
     out = {}
-    for name, spec, fn in (("sync", "sara", simulate_sync), ("async", "sara_async", simulate_async)):
+    for name, spec, fn in (("sync", "sara", simulate_sync), ("async", "sara", simulate_async)):
         env = SimulatedEnv("u-shaped", size=6000, seed=1)
         out[name] = fn(make_allocator(spec, k=8), env, UniformSampler(6000, seed=1), target_groups=64, seed=1,
                        latency={"slots": 128})
@@ -108,7 +117,7 @@ def test_async_beats_synchronous_rounds_in_wall_clock(runs):
 def test_async_is_deterministic():
     def run():
         env = SimulatedEnv("u-shaped", size=2000, seed=2)
-        return simulate_async(make_allocator("sara_async", k=8), env, UniformSampler(2000, seed=2), target_groups=16,
+        return simulate_async(make_allocator("sara", k=8), env, UniformSampler(2000, seed=2), target_groups=16,
                               seed=2, latency={"slots": 32}).as_dict()
 
     assert run() == run()

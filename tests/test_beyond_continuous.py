@@ -6,10 +6,10 @@ from scipy.special import betaln
 
 from sara import UniformSampler, collect
 from sara.allocators import make_allocator
-from sara.allocators.base import UnitTable
 from sara.allocators.continuous import ContinuousEffectiveness
 from sara.envs.sim.continuous import continuous_reward_fn, make_continuous_env
 from sara.testing import check_allocator
+from sara.units import UnitTable
 
 
 def _table(rows):

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from sara import SimulatedEnv, collect
-from sara.allocators import make_allocator, make_sampler
-from sara.allocators.predictive import PredictiveSampler
+from sara.allocators import make_allocator
 from sara.config import ConfigError
+from sara.samplers import make_sampler
+from sara.samplers.predictive import PredictiveSampler
 
 
 def _teach(sampler, mixed, fail):
@@ -61,7 +62,7 @@ def test_decay_and_thompson_keep_every_prompt_revisitable():
 def test_composes_with_an_allocator_over_steps():
     env = SimulatedEnv("u-shaped", size=1500, seed=5)
     sampler = make_sampler("predictive:decay=0.9", 1500, seed=5)
-    alloc = make_allocator("sara:prior=history,decay=0.9,tau_low=0.2", k=8)
+    alloc = make_allocator("sara_paper:prior=history,decay=0.9,tau_low=0.2", k=8)
     ratios = []
     for t in range(6):
         res = collect(alloc, env, sampler, target_groups=48, seed=5, step=t)

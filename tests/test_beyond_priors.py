@@ -5,7 +5,7 @@ import pytest
 
 from sara import SimulatedEnv, UniformSampler, collect
 from sara.allocators import Decision, make_allocator
-from sara.allocators.priors import EmpiricalBayesPrior, HistoryPrior, make_prior
+from sara.priors import EmpiricalBayesPrior, HistoryPrior, make_prior
 from sara.testing import check_allocator
 
 
@@ -31,7 +31,7 @@ def test_marginal_likelihood_fit_is_consistent_under_optional_stopping():
 
 def test_empirical_prior_refits_within_the_first_step():
     env = SimulatedEnv("u-shaped", size=4000, seed=1)
-    alloc = make_allocator("sara:prior=empirical,tau_low=0.12", k=8)
+    alloc = make_allocator("sara_paper:prior=empirical,tau_low=0.12", k=8)
     collect(alloc, env, UniformSampler(4000, seed=1), target_groups=96, seed=1, step=0)
     # Fitted online (the true population is Beta(0.15, 0.15)); the step's units were rewritten in place.
     assert 0.07 < alloc.prior.alpha0 < 0.3 and 0.07 < alloc.prior.beta0 < 0.3
@@ -43,14 +43,14 @@ def test_empirical_sara_matches_true_prior_sara_on_one_step():
         env = SimulatedEnv("u-shaped", size=8000, seed=2)
         return collect(make_allocator(spec, k=8), env, UniformSampler(8000, seed=2), target_groups=192, seed=2).stats
 
-    eb = run("sara:prior=empirical,tau_low=0.12")
-    true = run("sara:tau_low=0.12,alpha0=0.15,beta0=0.15")
+    eb = run("sara_paper:prior=empirical,tau_low=0.12")
+    true = run("sara_paper:tau_low=0.12,alpha0=0.15,beta0=0.15")
     ratio = (eb.rollouts / eb.effective_groups) / (true.rollouts / true.effective_groups)
     assert abs(ratio - 1.0) < 0.02
 
 
 def test_history_prior_abandons_an_all_fail_prompt_after_one_rollout():
-    alloc = make_allocator("sara:prior=history,decay=0.9,tau_low=0.2", k=8)
+    alloc = make_allocator("sara_paper:prior=history,decay=0.9,tau_low=0.2", k=8)
     # Step 0: population data (so the base is fitted) + prompt 7 failed 8/8.
     rng = np.random.default_rng(3)
     n, s = _truncated_data(0.3, 0.3, 400, 8, 8, rng)
@@ -88,7 +88,7 @@ def test_history_update_with_units_that_delivered_nothing_reaches_the_base_whole
     assert s.tolist() == [0.0, 3.0, 1.0] and f.tolist() == [0.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("spec", ["sara:prior=empirical", "sara:prior=history,decay=0.8,tau_low=0.2"])
+@pytest.mark.parametrize("spec", ["sara:prior=empirical", "sara_paper:prior=history,decay=0.8,tau_low=0.2"])
 def test_learned_prior_specs_conform(spec):
     check_allocator(make_allocator(spec, k=8), target_groups=16, steps=2, seeds=(0,))
 

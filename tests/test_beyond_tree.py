@@ -5,14 +5,14 @@ import pytest
 
 from sara import SimulatedEnv, UniformSampler, collect
 from sara.allocators import make_allocator, p_effective
-from sara.allocators.base import UnitTable
 from sara.allocators.tree import TreeEffectiveness, effective_size, water_fill
 from sara.bench.beyond import tree_vs_flat
-from sara.collect import WrongAbandons
 from sara.envs.sim.tree import TreeSimulatedEnv
 from sara.handles import format_handle, parse_handle
+from sara.step import WrongAbandons
 from sara.testing import check_allocator
 from sara.types import Prompt, RolloutRequest
+from sara.units import UnitTable
 
 
 def test_effective_size_limits():
@@ -124,7 +124,7 @@ def test_default_sends_no_text_prefix():
 def test_node_policy_decides_per_subtree_whether_to_keep_growing(spec, shape):
     alloc = make_allocator(spec + ",tau_low=0,node_prefix=true", k=8)  # never abandon: probe all-fail trees to k
     env = TreeSimulatedEnv(np.zeros(40), seed=0)
-    res = collect(alloc, env, UniformSampler(40), target_groups=4, max_rounds=8)
+    res = collect(alloc, env, UniformSampler(40), target_groups=4, driver={"max_rounds": 8})
     assert len(res.discarded) > 0
     for g in res.discarded:
         assert alloc.node_shape(g.group_id) == shape

@@ -3,13 +3,15 @@
 import numpy as np
 import pytest
 
-from sara.allocators import UniformSampler, compose, make_allocator, make_sampler
-from sara.allocators.grouped import MAX_GROUPS, GroupedGridPrior, group_labels
-from sara.allocators.priors import BorrowedHistory
-from sara.allocators.stopping import GridPrior, rule_figures
-from sara.collect import collect
+from sara.allocators import compose, make_allocator
+from sara.allocators.optimal import rule_figures, rule_tables
 from sara.config import ConfigError
+from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
+from sara.priors import BorrowedHistory
+from sara.priors.grid import GridPrior
+from sara.priors.grouped import MAX_GROUPS, GroupedGridPrior, group_labels
+from sara.samplers import UniformSampler, make_sampler
 from sara.testing import check_allocator
 from sara.types import Prompt
 
@@ -62,8 +64,8 @@ def test_grouped_fit_separates_what_the_pooled_fit_blurs():
     hard, mid = names.index("hard"), names.index("mid")
     assert grouped.group_weights()[hard][0] > 0.9  # the hard band's mass sits at p = 0
     assert grouped.group_weights()[mid][0] < 0.1
-    rho, tf, _ = grouped.rho(K)
-    _, pf, _ = pooled.rho(K)
+    rho, tf, _ = rule_tables(grouped, K)
+    _, pf, _ = rule_tables(pooled, K)
     assert tf[hard, 1] and not tf[mid, 1:].any()  # hard: abandon after one failure; mid: never
     # Exactly on the population: grouping is cheaper per effective group.
     g = [rule_figures(tf[i], np.zeros(K + 1, bool), rates[labels == i], K) for i in (hard, mid)]
@@ -110,14 +112,14 @@ def test_the_default_groups_a_mixtures_components():
     assert type(off.prior) is GridPrior
     unwired, _ = compose(make_allocator("sara", k=K), UniformSampler(60, seed=0))  # no prompts: no error
     assert type(unwired.prior) is GridPrior
-    paper, _ = compose(make_allocator("sara:rule=paper", k=K), UniformSampler(60, seed=0), prompts)
-    assert paper.rule == "paper"  # the default key never forces the optimal rule
+    paper, _ = compose(make_allocator("sara_paper", k=K), UniformSampler(60, seed=0), prompts)
+    assert type(paper.prior).__name__ == "ConstantPrior"  # the paper rule has one population, never grouped
 
 
 def test_group_by_is_the_optimal_rules_option():
     with pytest.raises(ConfigError, match="group_by"):
-        make_allocator("sara:group_by=band,rule=paper", k=K)
-    with pytest.raises(ConfigError, match="group_by"):
+        make_allocator("sara_paper:group_by=band", k=K)
+    with pytest.raises(ConfigError, match="tau_low"):
         make_allocator("sara:group_by=band,tau_low=0.3", k=K)
 
 
@@ -129,7 +131,7 @@ def test_state_round_trip_and_conformance():
     fresh = GroupedGridPrior(labels, names)
     fresh.load_state_dict(state)
     assert np.array_equal(fresh.group_weights(), allocator.prior.group_weights())
-    assert fresh.rho(K)[0] == pytest.approx(allocator.prior.rho(K)[0])
+    assert rule_tables(fresh, K)[0] == pytest.approx(rule_tables(allocator.prior, K)[0])
     wrong = GroupedGridPrior(np.zeros(10, np.int64))
     with pytest.raises(ValueError, match="groups"):
         wrong.load_state_dict(state)
@@ -137,14 +139,13 @@ def test_state_round_trip_and_conformance():
                                     prompts)[0], env_factory=lambda seed: SimulatedEnv(rates, seed=seed))
 
 
-@pytest.mark.parametrize("spec", ["sara:rule=optimal", "sara:group_by=band", "sara:tau_low=0.3"])
+@pytest.mark.parametrize("spec", ["sara", "sara:group_by=band", "sara_paper:tau_low=0.3"])
 def test_config_survives_a_state_round_trip(spec):
-    # A full dump re-validated would mark tau_low as given and flip (or reject) the optimal rule.
+    # The full config is stored and re-validated: every field of a rule is that rule's own, so nothing flips.
     allocator = make_allocator(spec, k=K)
     fresh = make_allocator(spec, k=K)
     fresh.load_state_dict(allocator.state_dict())
-    assert fresh.config == allocator.config
-    assert fresh.config.resolved_rule() == allocator.config.resolved_rule()
+    assert fresh.config == allocator.config and type(fresh.config) is type(allocator.config)
 
 
 def test_the_trainer_hands_its_pool_to_group_by(tmp_path):

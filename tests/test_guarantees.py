@@ -8,14 +8,14 @@ import pytest
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator
 from sara.bench.allocation import AllocationBenchConfig, run_allocation_bench
 from sara.cli import main
-from sara.collect import WrongAbandons
+from sara.step import WrongAbandons
 
 
 @pytest.mark.parametrize("a,b,tau", [(1.0, 1.0, 0.45), (0.15, 0.15, 0.2), (0.5, 2.0, 0.3)])
 def test_wrong_abandon_rate_at_most_tau_low(a, b, tau):
     rates = np.random.default_rng(0).beta(a, b, 20_000)
     env = SimulatedEnv(rates)
-    res = collect(make_allocator(f"sara:tau_low={tau},alpha0={a},beta0={b}", k=8), env, UniformSampler(len(rates)),
+    res = collect(make_allocator(f"sara_paper:tau_low={tau},alpha0={a},beta0={b}", k=8), env, UniformSampler(len(rates)),
                   target_groups=1500, observers=[WrongAbandons(env)])
     ab = res.stats.abandoned_groups
     assert ab > 200
@@ -27,7 +27,7 @@ def test_expected_rollouts_below_k_and_savings_grow_with_k():
     savings = []
     for k in (4, 8, 16, 32):
         env = SimulatedEnv("u-shaped", size=20_000, seed=1)
-        res = collect(make_allocator("sara:tau_low=0.45", k=k), env, UniformSampler(20_000, seed=1), target_groups=400)
+        res = collect(make_allocator("sara_paper:tau_low=0.45", k=k), env, UniformSampler(20_000, seed=1), target_groups=400)
         per_prompt = res.stats.rollouts / res.stats.prompts_drawn
         assert per_prompt < k
         savings.append(k - per_prompt)  # expected rollouts saved per prompt, vs a full group
@@ -50,7 +50,7 @@ def test_fixed_budget_yield_dominates_uniform(population, prior):
     for seed in range(3):
         env = SimulatedEnv(population, size=20_000, seed=seed)
         uni = collect(make_allocator("uniform", k=k), env, UniformSampler(20_000, seed=5), target_groups=prompts)
-        sara = collect(make_allocator(f"sara:{prior}", k=k), env, UniformSampler(20_000, seed=5),
+        sara = collect(make_allocator(f"sara_paper:{prior}", k=k), env, UniformSampler(20_000, seed=5),
                        target_groups=10 * prompts, max_rollouts=budget)
         assert uni.stats.rollouts == budget and sara.stats.rollouts <= budget
         uni_total += uni.stats.effective_groups
@@ -60,7 +60,7 @@ def test_fixed_budget_yield_dominates_uniform(population, prior):
 
 def test_bench_reproduces_paper_ratio():
     cfg = AllocationBenchConfig(population="u-shaped", k=8, target_groups=512, seeds=2,
-                                allocators=["ds", "sara:tau_low=0.45,probe=1"])
+                                allocators=["ds", "sara_paper:tau_low=0.45,probe=1"])
     rep = run_allocation_bench(cfg)
     ds, sara = rep["results"]
     assert ds["ratio_vs_ds"] == 1.0
@@ -72,14 +72,14 @@ def test_bench_reproduces_paper_ratio():
 def test_bench_cli_json_fields(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc = main(["bench", "allocation", "--population", "mid-training", "--k", "4", "--target-groups", "40",
-               "--seeds", "1", "--pool-size", "2000", "--allocators", "uniform,sara:tau_low=0.3,probe=1",
+               "--seeds", "1", "--pool-size", "2000", "--allocators", "uniform,sara_paper:tau_low=0.3,probe=1",
                "--json", str(out)])
     assert rc == 0
     rep = json.loads(out.read_text())
     fields = {"allocator", "rollouts_per_effective_group", "tokens_per_effective_group", "ratio_vs_ds",
               "token_ratio_vs_ds", "wrong_abandon_rate", "rounds_per_step", "allocator_seconds_per_decision",
               "waste_fraction"}
-    assert [r["allocator"] for r in rep["results"]] == ["uniform", "sara:tau_low=0.3,probe=1"]
+    assert [r["allocator"] for r in rep["results"]] == ["uniform", "sara_paper:tau_low=0.3,probe=1"]
     assert all(fields <= set(r) for r in rep["results"])
     assert rep["reference_added"] is True
     assert (tmp_path / "r.png").stat().st_size > 1000
@@ -89,7 +89,7 @@ def test_bench_cli_json_fields(tmp_path, capsys):
 def test_bench_cli_rejects_bad_input(capsys):
     assert main(["bench", "allocation", "--k", "1"]) == 2
     assert "k" in capsys.readouterr().err
-    assert main(["bench", "allocation", "--allocators", "sara:tau_low=2"]) == 2
+    assert main(["bench", "allocation", "--allocators", "sara_paper:tau_low=2"]) == 2
 
 
 def test_decision_throughput_runs():

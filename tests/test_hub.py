@@ -85,33 +85,11 @@ def test_prepared_model_directory_is_plain_and_cached(monkeypatch):
 
 
 def test_importing_sara_stays_light():
-    code = ("import sys, sara, sara.hub, sara.backends, sara.backends.ray, sara.backends.ray.config, sara.models, "
-            "sara.envs.backends, sara.policies, sara.testing; "
+    code = ("import sys, sara, sara.hub, sara.backends, sara.backends.ray, sara.backends.ray.config, sara.driver, "
+            "sara.priors, sara.samplers, sara.policies, sara.testing, sara.train.config; "
             "heavy = [m for m in ('torch', 'transformers', 'vllm', 'ray') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_old_import_paths_still_work_with_a_deprecation_warning():
-    import sara.backends
-    import sara.hub
-
-    with pytest.warns(DeprecationWarning, match=r"sara\.models\.prepare_model moved to sara\.hub"):
-        from sara.models import prepare_model as old_prepare
-    assert old_prepare is sara.hub.prepare_model
-    with pytest.warns(DeprecationWarning, match=r"sara\.envs\.backends\.\w+ moved to sara\.backends"):
-        from sara.envs.backends import BACKENDS, make_backend
-    assert BACKENDS is sara.backends.BACKENDS and make_backend is sara.backends.make_backend
-    with pytest.warns(DeprecationWarning, match=r"sara\.policies\.BACKENDS moved to sara\.backends"):
-        from sara.policies import BACKENDS as old_registry
-    assert old_registry is sara.backends.BACKENDS
-    with pytest.warns(DeprecationWarning, match=r"sara\.checkpoint\.latest_checkpoint moved to sara\.train"):
-        from sara.checkpoint import latest_checkpoint
-    import sara.train.checkpoint
-
-    assert latest_checkpoint is sara.train.checkpoint.latest_checkpoint
-    with pytest.raises(ImportError):
-        from sara.envs.backends import no_such_name  # noqa: F401
 
 
 def test_backends_registry_has_no_ray_entry():

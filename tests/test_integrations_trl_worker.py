@@ -61,7 +61,7 @@ def drain_metrics(worker):
 @pytest.fixture
 def worker():
     env = TaskEnv(TASK, HalfRight(), scorer_mode="inline")
-    w = SaraRolloutWorker(env, "sara:tau_low=0.45,completion=as_is", k=8, target_groups=4, seed=3)
+    w = SaraRolloutWorker(env, "sara_paper:tau_low=0.45,completion=as_is", k=8, target_groups=4, seed=3)
     yield w
     w.stop()
     env.close()
@@ -171,12 +171,12 @@ def test_token_level_advantages_and_bad_specs_are_refused():
     with pytest.raises(ConfigError, match="token-level"):
         SaraRolloutWorker(env, "sara", advantage="reinforce_pp")
     with pytest.raises(ConfigError, match="tau_low"):
-        SaraRolloutWorker(env, "sara:tau_low=1.5")
+        SaraRolloutWorker(env, "sara_paper:tau_low=1.5")
     w = SaraRolloutWorker(env, "ds", k=4, advantage="rloo")
     assert w.allocator.k == 4
 
 
-@pytest.mark.parametrize("spec", ["uniform", "ds", "sara:prior=history,decay=0.95,tau_low=0.2"])
+@pytest.mark.parametrize("spec", ["uniform", "ds", "sara_paper:prior=history,decay=0.95,tau_low=0.2"])
 def test_any_registered_allocator_and_sampler(spec):
     env = TaskEnv(TASK, HalfRight(), scorer_mode="inline")
     w = SaraRolloutWorker(env, spec, k=4, target_groups=3, sampler="predictive:decay=0.95")

@@ -121,11 +121,11 @@ def test_stale_rollouts_take_the_generators_logprobs_as_old_logprobs():
     import dataclasses
 
     gs = groups()
-    old = [dataclasses.replace(r, metadata={"policy_step": 4 if j else 3}) for j, r in enumerate(gs[0].rollouts)]
+    old = [dataclasses.replace(r, policy_version=4 if j else 3) for j, r in enumerate(gs[0].rollouts)]
     gs[0] = dataclasses.replace(gs[0], rollouts=tuple(old))
     learner = Learner(TinyPolicy(SMALL), make_algo("grpo"), OptimConfig(lr=1e-3), seed=0)
-    assert make_batch(gs).stale is None and make_batch(groups(), step=4).stale is None
-    b = learner.make_batch(gs, step=4)
+    assert make_batch(gs).stale is None and make_batch(groups(), version=4).stale is None
+    b = learner.make_batch(gs, version=4)
     assert b.stale.tolist() == [True] + [False] * 7  # only the rollout of step 3
     _, _, extra = learner.advantages(b)
     m, old_lp = b.response_mask, extra["old_logprobs"]

@@ -12,14 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sara.allocators import make_allocator
-from sara.allocators.base import SequentialAllocator, UnitStatus, UnitView
-from sara.allocators.samplers import UniformSampler
-from sara.collect import collect
+from sara.allocators import SequentialAllocator, make_allocator
+from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
+from sara.samplers import UniformSampler
 from sara.types import Decision
+from sara.units import UnitStatus, UnitView
 
 K, TARGET, STEPS = 8, 32, 20
+IDLE = 10**9  # synchronous rounds: every slot idle
 POPULATION = "beta:0.35,1.0"  # the tiny policy's prompt population as the empirical-Bayes fit saw it
 
 
@@ -44,7 +45,7 @@ def _committed_over_target(allocator: SequentialAllocator, seed: int) -> np.ndar
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("make", [lambda: make_allocator("sara:rule=paper,prior=empirical", k=K),
+@pytest.mark.parametrize("make", [lambda: make_allocator("sara_paper:prior=empirical", k=K),
                                   lambda: make_allocator("sara:prior=empirical", k=K), lambda: AbandonFirstFailure(k=K)],
                          ids=["sara-paper-empirical", "sara-optimal-empirical", "abandon-first-failure"])
 def test_surplus_per_step_is_bounded(make, seed: int) -> None:
@@ -59,15 +60,15 @@ def test_first_round_abandons_do_not_max_out_admission() -> None:
     groups still needed: the units not abandoned are the likeliest to commit."""
     a = AbandonFirstFailure(k=K)
     a.begin_step(TARGET)
-    m = a.wants_prompts()
+    m = a.wants_prompts(IDLE)
     assert m == 2 * TARGET  # nothing learned yet: P(commit) = 1/2
     ids = a.admit(np.arange(m))
-    plan_ids, counts = a.plan()
-    assert (counts == 1).all()
+    plan_ids = a.dispatch(IDLE)
+    assert np.array_equal(plan_ids, ids)  # one rollout each
     rewards = (np.arange(len(plan_ids)) % 4 == 0).astype(float)  # a quarter succeed, the rest are abandoned
-    a.observe(plan_ids, rewards)
+    a.finished(plan_ids, rewards)
     assert int((a.units.status == UnitStatus.ABANDONED).sum()) == 48
-    in_flight = int((a.units.status == UnitStatus.PROBING).sum()) + a.wants_prompts()
+    in_flight = int((a.units.status == UnitStatus.PROBING).sum()) + a.wants_prompts(IDLE)
     # Was 16 x 32 = 512 (the cap). Now 16 survivors worth 1/2 each (no history: the tail guess) + 24 / (16/64 x 1/2).
     assert in_flight == 16 + 192, in_flight
     assert len(ids) == m
@@ -78,9 +79,9 @@ def test_units_still_probing_at_the_end_are_censored_not_failures() -> None:
     a = AbandonFirstFailure(k=K)
     a.begin_step(10)
     a.admit(np.arange(20))
-    ids, _ = a.plan()
-    a.observe(ids, np.ones(len(ids)))  # all 20 succeed once: still probing
-    a.observe(ids[:10], np.zeros(10))  # 10 of them fail the 2nd rollout: mixed, committed
+    ids = a.dispatch(IDLE)
+    a.finished(ids, np.ones(len(ids)))  # all 20 succeed once: still probing
+    a.finished(a.dispatch(IDLE)[:10], np.zeros(10))  # 10 of them fail the 2nd rollout: mixed, committed
     closed_ids, decisions = a.end_step()  # the other 10 are discarded unprobed
     assert int((decisions == Decision.DISCARD).sum()) == 10
     a.begin_step(10)
@@ -101,7 +102,7 @@ def test_commit_paths_state_round_trip() -> None:
     a.begin_step(TARGET)
     b.begin_step(TARGET)
     assert b.commit_fraction() == a.commit_fraction()
-    assert b.wants_prompts() == a.wants_prompts()
+    assert b.wants_prompts(IDLE) == a.wants_prompts(IDLE)
 
 
 def test_commit_paths_without_history_guesses_half() -> None:

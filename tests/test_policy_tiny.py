@@ -98,7 +98,7 @@ def test_backend_is_batch_independent_and_seeded():
     # the same requests one by one, and in another order, give the same completions
     single = [be.generate([r], sc)[0] for r in _requests()]
     rev = be.generate(list(reversed(_requests())), sc)[::-1]
-    small = TinyBackend(TinyPolicy(SMALL), {"max_batch": 1}).generate(_requests(), sc)
+    small = TinyBackend(TinyPolicy(SMALL), {"forward_rows": 1}).generate(_requests(), sc)
     for a, b, c, d in zip(full, single, rev, small):
         for x, y, z, w in zip(a, b, c, d):
             assert x.token_ids == y.token_ids == z.token_ids == w.token_ids
@@ -153,7 +153,7 @@ def test_update_weights_and_close():
     be.update_weights(other.state_dict(), 1)
     after = be.generate(req, SamplingConfig())[0]
     assert [c.logprobs for c in before] != [c.logprobs for c in after]
-    assert after[0].metadata["weights_version"] == 1
+    assert after[0].policy_version == 1
     with pytest.raises(ValueError, match="increase"):
         be.update_weights(other.state_dict(), 1)
     # the backend holds a copy: training the caller's module does not change generation

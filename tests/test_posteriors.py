@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from scipy.special import comb
 
 from sara.allocators import p_effective
-from sara.allocators.posteriors import fit_beta_marginal_likelihood, fit_beta_moments
+from sara.priors.posteriors import fit_beta_marginal_likelihood, fit_beta_moments
 
 
 def brute_p_eff(n: int, s: int, k: int, a: float, b: float) -> float:

@@ -23,10 +23,10 @@ from sara.backends.ray import (
     WorkerFailedError,
     split_round,
 )
-from sara.collect import WrongAbandons
 from sara.config import ConfigError
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.envs.sim.latency import LatencyEnv
+from sara.step import WrongAbandons
 from sara.types import RolloutRequest
 
 ray = pytest.importorskip("ray")
@@ -205,7 +205,7 @@ def _run_steps(env, steps=3, allocator="sara", target=12, max_rounds=1000):
     sampler = UniformSampler(len(env.prompts), seed=1)
     # wrong-abandon counting on simulators (a pool forwards counterfactual_mixed to a worker): same counts either way
     observers = [WrongAbandons(env)] if hasattr(env, "counterfactual_mixed") else []
-    return [collect(alloc, env, sampler, target_groups=target, seed=5, max_rounds=max_rounds, observers=observers)
+    return [collect(alloc, env, sampler, target_groups=target, seed=5, driver={"max_rounds": max_rounds}, observers=observers)
             for _ in range(steps)]
 
 
@@ -421,7 +421,7 @@ def test_tiny_policy_pool_matches_in_process_backend_and_follows_weight_updates(
             reqs = [GenerationRequest(prompt=f"{i}+{i}=", seeds=tuple(range(8 * i, 8 * i + 8))) for i in range(12)]
             out = pool.generate(reqs, env_l.sampling)
             assert out == local.generate(reqs, env_l.sampling)
-            assert {c.metadata["weights_version"] for cs in out for c in cs} == {1}
+            assert {c.policy_version for cs in out for c in cs} == {1}
 
 
 @pytest.mark.ray

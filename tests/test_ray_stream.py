@@ -51,7 +51,7 @@ class TickBackend:
 
     def _completion(self, req, seed: int, n: int) -> Completion:
         return Completion(text=f"{req.prompt}|{seed}|{self.bias}", token_ids=tuple(range(n)), logprobs=(-1.0,) * n,
-                          seed=seed, metadata={"weights_version": self.version})
+                          seed=seed, policy_version=self.version)
 
     def generate(self, requests, sampling):
         return [[self._completion(r, s, self._length(GenerationRequest(r.prompt, (s,), r.max_new_tokens), sampling))
@@ -91,7 +91,7 @@ class TickBackend:
 
 
 class SeededBackend:
-    """A batch-only ``GenerationBackend`` (no streaming members, no weights_version): the pool micro-batches it."""
+    """A batch-only ``GenerationBackend`` (no streaming members, no policy_version): the pool micro-batches it."""
 
     def __init__(self) -> None:
         self.bias = 0
@@ -191,25 +191,25 @@ def test_tags_round_trip_through_two_actors_routed_by_free_slots(ray_cluster):
         got = _drain(pool)
         ref = TickBackend()
         ref.update_weights({"bias": 3}, 1)
-        assert got == _expected(more, ref) and {c.metadata["weights_version"] for c in got.values()} == {1}
+        assert got == _expected(more, ref) and {c.policy_version for c in got.values()} == {1}
 
 
 def test_batch_only_backend_streams_by_micro_batches_and_gets_versions_stamped(ray_cluster):
     items = _items(11)
-    with RayRolloutPool(SeededBackend, num_workers=2, stream_slots=3) as pool:
+    with RayRolloutPool(SeededBackend, num_workers=2, micro_batch=3) as pool:
         assert not pool.native_stream and pool.slots == 6
         pool.submit(items, SAMPLING)
         got = _drain(pool)
         want = {t: SeededBackend().generate([r], SAMPLING)[0][0] for t, r in items}
         assert {t: c.text for t, c in got.items()} == {t: c.text for t, c in want.items()}
-        assert {c.metadata["weights_version"] for c in got.values()} == {0}
+        assert {c.policy_version for c in got.values()} == {0}
         assert pool.abort([0, 1]) == 0  # already returned: ignored
         pool.submit(items[:4], SAMPLING)
         assert pool.abort([0, 2, 77]) == 0 and pool.inflight() == 2  # queued, nothing generated yet
         pool.update_weights({"bias": 2}, version=1)
         pool.submit(items[4:6], SAMPLING)
         got = _drain(pool)
-        assert sorted(got) == [1, 3, 4, 5] and {c.metadata["weights_version"] for c in got.values()} == {1}
+        assert sorted(got) == [1, 3, 4, 5] and {c.policy_version for c in got.values()} == {1}
 
 
 def test_abort_returns_generated_tokens_including_rollouts_finished_before_the_abort(ray_cluster):
@@ -249,10 +249,10 @@ def test_tag_order_hands_out_the_oldest_rollout_and_abort_drops_finished_ones_no
 def test_actor_killed_mid_stream_every_tag_once_and_same_completions(ray_cluster, native):
     factory = functools.partial(TickBackend, 4) if native else SeededBackend
     items = _items(24)
-    with RayRolloutPool(factory, num_workers=2, stream_slots=4) as pool:
+    with RayRolloutPool(factory, num_workers=2, micro_batch=4) as pool:
         pool.submit(items, SAMPLING)
         clean = _drain(pool)
-    with RayRolloutPool(factory, num_workers=2, stream_slots=4) as pool:
+    with RayRolloutPool(factory, num_workers=2, micro_batch=4) as pool:
         pool.submit(items[:16], SAMPLING)
         got = dict(pool.poll())
         victim = pool.actors[1]
@@ -288,7 +288,7 @@ def test_env_pool_streams_a_simulator(ray_cluster):
     local = sim()
     reqs = [(t, RolloutRequest(unit_id=t, pool_index=t % 50, prompt=local.prompts[t % 50], seeds=(t,)))
             for t in range(30)]
-    with RayEnvPool(sim, num_workers=2, stream_slots=5) as pool:
+    with RayEnvPool(sim, num_workers=2, micro_batch=5) as pool:
         assert isinstance(pool, StreamingEnv) and not pool.native_stream and pool.slots == 10
         pool.submit(reqs)
         got = _drain(pool)
@@ -304,7 +304,7 @@ def test_tiny_backend_inside_actors_streams_the_same_completions(ray_cluster):
     local = TinyBackend(policy)
     sampling = SamplingConfig(max_new_tokens=6)
     items = [(t, GenerationRequest(prompt=f"{t}+{t % 3}=", seeds=(7 * t,))) for t in range(12)]
-    with RayRolloutPool(functools.partial(TinyBackend, policy), num_workers=2, stream_slots=3) as pool:
+    with RayRolloutPool(functools.partial(TinyBackend, policy), num_workers=2, micro_batch=3) as pool:
         assert pool.native_stream == streams_natively(local)
         pool.submit(items[:8], sampling)
         got = dict(pool.poll())
@@ -315,7 +315,7 @@ def test_tiny_backend_inside_actors_streams_the_same_completions(ray_cluster):
     for t, r in items:
         want = local.generate([r], sampling)[0][0]
         c = got[t]
-        assert (c.text, c.token_ids, c.seed, c.metadata["weights_version"]) == (want.text, want.token_ids, r.seeds[0], 0)
+        assert (c.text, c.token_ids, c.seed, c.policy_version) == (want.text, want.token_ids, r.seeds[0], 0)
         assert c.logprobs == pytest.approx(want.logprobs, abs=1e-6)
 
 
@@ -359,8 +359,9 @@ class KillDuringPoll:
 
 
 def test_collect_stream_with_an_actor_killed_mid_stream_commits_the_clean_run_groups(ray_cluster):
-    from sara import UniformSampler, make_allocator
     from sara.collect_stream import collect_stream
+
+    from sara import UniformSampler, make_allocator
     from sara.envs.task_env import TaskEnv
 
     task = "sara/Arithmetic-v0:max_digits=2,pool_size=200,eval_size=0,seed=0"

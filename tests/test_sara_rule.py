@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 
-from sara.allocators import Decision, compose, make_allocator, make_sampler
-from sara.allocators.priors import BorrowedHistory, EmpiricalBayesPrior, HistoryPrior
-from sara.allocators.stopping import GridPrior, beta_on_grid, optimal_tables, rule_figures, solve_rho
-from sara.collect import collect
+from sara.allocators import Decision, SARAAllocator, SARAPaperAllocator, compose, make_allocator
+from sara.allocators.optimal import optimal_tables, rule_figures, rule_tables, solve_rho
 from sara.config import ConfigError
+from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
+from sara.priors import BorrowedHistory, EmpiricalBayesPrior, HistoryPrior
+from sara.priors.grid import GridPrior, beta_on_grid
+from sara.samplers import make_sampler
 
 
 def _first_stop_rule(k, nf, ns):
@@ -17,17 +19,23 @@ def _first_stop_rule(k, nf, ns):
     return a, b
 
 
-def test_spec_names_pick_the_rule_and_prior():
+def test_a_name_is_one_rule_whatever_its_options():
     a = make_allocator("sara", k=8)
-    assert (a.rule, a.prior_kind, type(a.prior)) == ("optimal", "empirical", GridPrior)
-    for spec in ("sara:tau_low=0.45", "sara:rule=paper", "sara:prior=constant,tau_low=0.45"):
+    assert (type(a), a.prior_kind, type(a.prior)) == (SARAAllocator, "empirical", GridPrior)
+    for spec in ("sara_paper:tau_low=0.45", "sara_paper", "sara_paper:prior=constant,tau_low=0.45"):
         p = make_allocator(spec, k=8)
-        assert (p.rule, p.prior_kind, p.config.tau_low) == ("paper", "constant", 0.45)
+        assert (type(p), p.prior_kind, p.config.tau_low) == (SARAPaperAllocator, "constant", 0.45)
     h = make_allocator("sara:prior=history", k=8)
-    assert h.rule == "optimal" and isinstance(h.prior, HistoryPrior) and isinstance(h.prior.base, GridPrior)
-    assert make_allocator("sara_tree", k=8).rule == "paper"  # its own p_eff: keeps the threshold rule
-    with pytest.raises(ConfigError, match="tau_low"):
-        make_allocator("sara:rule=optimal,tau_low=0.3", k=8)
+    assert type(h) is SARAAllocator and isinstance(h.prior, HistoryPrior) and isinstance(h.prior.base, GridPrior)
+    assert isinstance(make_allocator("sara_tree", k=8), SARAPaperAllocator)  # its own p_eff: the threshold rule
+    # An option of the other rule is rejected with the spec to use instead; 'rule=' is no option at all.
+    with pytest.raises(ConfigError, match=r"field 'tau_low': an option of 'sara_paper'.*use 'sara_paper:tau_low=0.3'"):
+        make_allocator("sara:tau_low=0.3", k=8)
+    with pytest.raises(ConfigError, match=r"field 'group_by': an option of 'sara'.*use 'sara:group_by=level'"):
+        make_allocator("sara_paper:group_by=level", k=8)
+    for spec in ("sara:rule=paper", "sara_paper:rule=optimal"):
+        with pytest.raises(ConfigError, match="field 'rule': the name is the rule"):
+            make_allocator(spec, k=8)
 
 
 def test_uniform_prior_never_abandons_at_k8():
@@ -102,7 +110,7 @@ def test_fitted_rule_never_worse_than_ds(name):
     p = _population(name, rng, 3000)
     prior = GridPrior()
     prior.update(np.arange(3000), np.full(3000, k), rng.binomial(k, p).astype(float), step=0)
-    _, ab_f, ab_s = prior.rho(k)
+    _, ab_f, ab_s = rule_tables(prior, k)
     fig = rule_figures(ab_f[0], ab_s[0], p, k)
     assert fig["ratio_vs_ds"] <= 1.0 + 1e-9
     paper = rule_figures(*_first_stop_rule(k, 4, 4), p, k)
@@ -146,7 +154,7 @@ def test_compose_lends_the_predictive_history():
     alloc, same = compose(make_allocator("sara", k=8), sampler)
     assert same is sampler and isinstance(alloc.prior, BorrowedHistory) and alloc.prior.history is sampler.posterior
     assert alloc.prior_kind == "history" and isinstance(alloc.prior.base, GridPrior)
-    paper, _ = compose(make_allocator("sara:rule=paper", k=8), make_sampler("predictive", 500, k=8))
+    paper, _ = compose(make_allocator("sara_paper", k=8), make_sampler("predictive", 500, k=8))
     assert isinstance(paper.prior, BorrowedHistory) and isinstance(paper.prior.base, EmpiricalBayesPrior)
     for spec in ("sara:prior=constant", "sara:prior=empirical", "ds"):  # the spec set the prior / no prior to lend
         before = make_allocator(spec, k=8)

@@ -1,4 +1,4 @@
-"""Carry-over in the streaming driver (``collect_stream(carry_lag=N)``): open units and their running rollouts move
+"""Carry-over in the streaming driver (``DriverConfig.carry_lag``): open units and their running rollouts move
 into the next step instead of being aborted. Exact accounting across steps, the lag bound, fresh seeds for carried
 units, no double counting in the prompt statistics, determinism, higher occupancy and fewer aborts than without
 carry-over (SARA, and DS / uniform, whose whole groups carry too), the allocator's ``carry_in`` replay, the
@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sara.allocators import UniformSampler, make_allocator
-from sara.allocators.units import UnitStatus
-from sara.collect_stream import collect_stream, release_carry
+from sara.allocators import make_allocator
 from sara.config import ConfigError
+from sara.driver import collect, release_carry
+from sara.samplers import UniformSampler
 from sara.types import Decision
+from sara.units import UnitStatus
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_collect_stream import _env  # noqa: E402
+from test_driver_stream import _env  # noqa: E402
 
 
 class RecordingSampler(UniformSampler):
@@ -42,8 +43,8 @@ def _run(spec="sara", *, lag=1, steps=6, target=6, slots=32, seed=0, lookahead=N
     sampler = RecordingSampler(len(env.prompts), seed=seed)
     carry, results = None, []
     for step in range(steps):
-        res = collect_stream(allocator, env, sampler, target_groups=target, seed=seed, step=step, carry=carry,
-                             carry_lag=lag, lookahead=lookahead)
+        res = collect(allocator, env, sampler, target_groups=target, seed=seed, step=step, carry=carry,
+                      policy_version=step, driver={"barrier": False, "carry_lag": lag, "lookahead": lookahead})
         results.append(res)
         carry = res.carry
     return results, carry, env, sampler
@@ -82,9 +83,9 @@ def test_the_lag_is_bounded_and_rollouts_carry_their_step(spec):
         results, carry, _, _ = _run(spec, lag=lag, steps=8)
         for step, res in enumerate(results):
             for g in (*res.groups, *res.abandoned, *res.discarded):
-                born = [r.metadata["policy_step"] for r in g.rollouts]
+                born = [r.policy_version for r in g.rollouts]
                 assert all(step - lag <= b <= step for b in born)
-        assert max(step - min((r.metadata["policy_step"] for g in res.groups for r in g.rollouts), default=step)
+        assert max(step - min((r.policy_version for g in res.groups for r in g.rollouts), default=step)
                    for step, res in enumerate(results)) == lag  # the bound is reached, not just respected
         assert np.all(carry.born >= len(results) - lag)
 
@@ -93,7 +94,7 @@ def test_the_lag_is_bounded_and_rollouts_carry_their_step(spec):
 def test_carried_units_continue_with_fresh_seeds(spec):
     results, _, _, _ = _run(spec, steps=5)
     carried = [g for res in results[1:] for g in res.groups
-               if len({r.metadata["policy_step"] for r in g.rollouts}) > 1]
+               if len({r.policy_version for r in g.rollouts}) > 1]
     assert carried, "some committed group spans two steps"
     for res in results:
         for g in (*res.groups, *res.abandoned, *res.discarded):
@@ -102,7 +103,7 @@ def test_carried_units_continue_with_fresh_seeds(spec):
 
 def test_two_runs_are_identical():
     def view(results):
-        return [(g.pool_index, g.decision, tuple((r.seed, r.reward, r.metadata["policy_step"]) for r in g.rollouts))
+        return [(g.pool_index, g.decision, tuple((r.seed, r.reward, r.policy_version) for r in g.rollouts))
                 for res in results for g in (*res.groups, *res.abandoned, *res.discarded)]
 
     assert view(_run(seed=2)[0]) == view(_run(seed=2)[0])
@@ -128,15 +129,15 @@ def test_ds_carries_whole_groups_and_commits_only_full_mixed_ones():
     for step, res in enumerate(results):
         for g in res.groups:
             assert g.size == 4 and np.std([r.reward for r in g.rollouts]) > 0
-            carried += min(r.metadata["policy_step"] for r in g.rollouts) < step
+            carried += min(r.policy_version for r in g.rollouts) < step
         assert all(g.size == 4 or g.decision == Decision.DISCARD for g in res.discarded)
     assert carried > 0  # groups started in one step are committed in the next
     release_carry(env, carry)
 
 
 def test_carry_in_replays_the_delivered_rewards():
-    allocator = make_allocator("sara:rule=paper", k=4)
-    allocator.begin_step(4, 0)
+    allocator = make_allocator("sara_paper", k=4)
+    allocator.begin_step(4, step=0)
     ids, closed, decisions = allocator.carry_in(np.array([5, 6, 7]), [np.array([1.0, 0.0]), np.zeros(0),
                                                                       np.array([1.0, 1.0, 1.0, 1.0])],
                                                 np.array([1, 2, 0]))
@@ -154,9 +155,11 @@ def test_carry_in_replays_the_delivered_rewards():
 def test_config_errors():
     env = _env(8)
     with pytest.raises(ConfigError, match="carry_lag"):
-        collect_stream(make_allocator("sara", k=4), env, UniformSampler(len(env.prompts)), target_groups=2,
-                       carry_lag=-1)
+        collect(make_allocator("sara", k=4), env, UniformSampler(len(env.prompts)), target_groups=2,
+                driver={"barrier": False, "carry_lag": -1})
     results, carry, env, _ = _run(steps=1)
+    with pytest.raises(ConfigError, match="does not carry units over"):
+        collect(make_allocator("sara_tree", k=4), env, UniformSampler(len(env.prompts)), target_groups=2,
+                carry=carry, driver={"barrier": False})
     with pytest.raises(ConfigError, match="field 'carry'"):
-        collect_stream(make_allocator("sara_tree", k=4), env, UniformSampler(len(env.prompts)), target_groups=2,
-                       carry=carry)
+        collect(make_allocator("sara", k=4), env, UniformSampler(len(env.prompts)), target_groups=2, carry=carry)

@@ -1,6 +1,6 @@
-"""``collect_stream(complete_groups=True)``: a step that reaches its target waits for the groups still being filled,
-so every committed group has k rollouts (as in synchronous rounds), with and without carry-over; without the option
-such groups are committed as they are. Also the option's wiring in ``TrainConfig`` and ``sara bench generation``."""
+"""Streaming with ``DriverConfig.complete_groups``: a step that reaches its target waits for the groups still being
+filled, so every committed group has k rollouts (as in synchronous rounds), with and without carry-over; without the
+option such groups are committed as they are. Also the option's wiring in ``TrainConfig``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from sara.allocators import UniformSampler, make_allocator
-from sara.collect_stream import collect_stream
-from sara.config import ConfigError
+from sara.allocators import make_allocator
+from sara.driver import collect
+from sara.samplers import UniformSampler
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_collect_stream import _env  # noqa: E402  (scripted streaming engine: uneven lengths, per-prompt rates)
+from test_driver_stream import _env  # noqa: E402  (scripted streaming engine: uneven lengths, per-prompt rates)
 
 K = 8
+FILL = {"barrier": False, "fill_idle": True}  # work-conserving streaming: groups still filling at every step's end
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +26,13 @@ def env():
 
 
 def _steps(env, complete: bool, carry_lag: int = 0, steps: int = 4):
-    alloc = make_allocator("sara_async", k=K)
+    alloc = make_allocator("sara", k=K)
     sampler = UniformSampler(len(env.prompts), seed=0)
     carry, out = None, []
     for step in range(steps):
         lag = carry_lag if step + 1 < steps else 0  # the last step carries nothing, as in training
-        res = collect_stream(alloc, env, sampler, target_groups=6, seed=0, step=step, carry=carry, carry_lag=lag,
-                             complete_groups=complete)
+        res = collect(alloc, env, sampler, target_groups=6, seed=0, step=step, carry=carry,
+                      driver={**FILL, "carry_lag": lag, "complete_groups": complete})
         carry = res.carry
         st = res.stats
         assert st.rollouts == st.committed_rollouts + st.abandoned_rollouts + st.discarded_rollouts - \
@@ -53,9 +54,9 @@ def test_with_carry_over_the_wait_keeps_probing_for_the_next_step(env):
     """While a carrying step waits for its old groups, free slots keep probing young units (the lookahead), as they
     would without the wait: starving them instead left them open, carried and discarded a step later (measured:
     13.8 against 12.3 rollouts per effective group in training)."""
-    from sara.allocators.units import UnitStatus
+    from sara.units import UnitStatus
 
-    alloc = make_allocator("sara_async", k=K)
+    alloc = make_allocator("sara", k=K)
     dispatch, seen = alloc.dispatch, {"wait": 0, "probes": 0}
 
     def spy(free, only=None):
@@ -68,8 +69,8 @@ def test_with_carry_over_the_wait_keeps_probing_for_the_next_step(env):
     alloc.dispatch = spy
     sampler, carry = UniformSampler(len(env.prompts), seed=0), None
     for step in range(6):
-        res = collect_stream(alloc, env, sampler, target_groups=6, seed=0, step=step, carry=carry,
-                             carry_lag=1 if step < 5 else 0, complete_groups=True)
+        res = collect(alloc, env, sampler, target_groups=6, seed=0, step=step, carry=carry,
+                      driver={**FILL, "carry_lag": 1 if step < 5 else 0, "complete_groups": True})
         carry = res.carry
         assert {g.size for g in res.groups} == {K}
     assert seen["wait"] > 0 and seen["probes"] > 0
@@ -80,18 +81,10 @@ def test_without_it_groups_still_filling_are_committed_as_they_are(env):
     assert min(sizes) < K  # work-conserving streaming leaves groups being filled at every step's end
 
 
-def test_an_allocator_that_cannot_say_what_it_fills_is_a_config_error(env):
-    alloc = make_allocator("sara_async", k=K)
-    alloc.filling = None  # a streaming allocator written against the older protocol
-    with pytest.raises(ConfigError, match="complete_groups"):
-        for step in range(3):
-            collect_stream(alloc, env, UniformSampler(len(env.prompts), seed=0), target_groups=6, seed=0, step=step,
-                           complete_groups=True)
-
-
 def test_train_config_wants_the_streaming_driver():
     from sara.train.config import TrainConfig
 
-    assert TrainConfig.model_validate({"driver": "stream", "complete_groups": True}).complete_groups
+    assert TrainConfig.model_validate({"driver": {"barrier": False, "complete_groups": True}}).driver.complete_groups
+    assert TrainConfig.model_validate({"driver": "stream"}).driver.barrier is False  # the shorthand
     with pytest.raises(ValueError, match="complete_groups"):
-        TrainConfig.model_validate({"complete_groups": True})
+        TrainConfig.model_validate({"driver": {"complete_groups": True}})

@@ -26,7 +26,7 @@ class GoodBackend:
         n = min(cap, 1 + (seed + self.bias) % 5)
         return Completion(text="x" * n, token_ids=tuple(range(n)), logprobs=(-0.5,) * n,
                           prompt_token_ids=tuple(ord(ch) for ch in prompt), seed=seed,
-                          finish_reason="length" if n == cap else "stop", metadata={"weights_version": self.version})
+                          finish_reason="length" if n == cap else "stop", policy_version=self.version)
 
     def generate(self, requests, sampling):
         return [[self.completion(r.prompt, s, r.max_new_tokens or sampling.max_new_tokens) for s in r.seeds]
@@ -80,7 +80,7 @@ class KeepsTheVersion(GoodBackend):
 
 class StaleMetadata(GoodBackend):
     def completion(self, prompt, seed, cap):
-        return dataclasses.replace(super().completion(prompt, seed, cap), metadata={"weights_version": 0})
+        return dataclasses.replace(super().completion(prompt, seed, cap), policy_version=0)
 
 
 class OnlyNextVersion(GoodBackend):

@@ -14,10 +14,10 @@ from sara.types import Decision, Group, Prompt, Rollout
 PROMPTS = [Prompt(id=f"p{i}", prompt=f"{i}+1=", answer={"value": i + 1}) for i in range(10)]
 
 
-def _group(gid: int, pool_index: int, rewards=(0.0, 1.0), meta=None) -> Group:
+def _group(gid: int, pool_index: int, rewards=(0.0, 1.0), version=None) -> Group:
     rollouts = tuple(Rollout(prompt_id=f"p{pool_index}", pool_index=pool_index, completion=str(r), reward=r,
                              num_tokens=2, seed=gid * 10 + j, token_ids=(1, 2), logprobs=(-0.5, -0.25),
-                             prompt_token_ids=(3,), metadata=dict(meta or {}))
+                             prompt_token_ids=(3,), policy_version=version)
                      for j, r in enumerate(rewards))
     return Group(group_id=gid, prompt=PROMPTS[pool_index], pool_index=pool_index, rollouts=rollouts,
                  decision=Decision.COMMIT, metadata={"p_eff": 0.5})
@@ -26,42 +26,36 @@ def _group(gid: int, pool_index: int, rewards=(0.0, 1.0), meta=None) -> Group:
 def test_the_batch_keeps_its_size_and_the_surplus_opens_the_next_one():
     bank = SurplusBank(3)
     assert bank.need() == 3
-    first = bank.batch([_group(i, i) for i in range(5)], step=0)
+    first = bank.batch([_group(i, i, version=0) for i in range(5)])
     assert [g.pool_index for g in first] == [0, 1, 2] and len(bank) == 2 and bank.need() == 1
-    # the banked groups carry the step that generated them; the learner trains them as stale rows
-    assert all(r.metadata["policy_step"] == 0 for g in bank.groups for r in g.rollouts)
-    second = bank.batch([_group(0, 5), _group(1, 6)], step=1)  # ids 0 and 1 again: unique only within a step
+    # the banked groups keep the weights version that generated them; the learner trains them as stale rows
+    assert all(r.policy_version == 0 for g in bank.groups for r in g.rollouts)
+    second = bank.batch([_group(0, 5, version=1), _group(1, 6, version=1)])  # ids 0 and 1 again: unique per step
     assert [g.pool_index for g in second] == [3, 4, 5] and [g.group_id for g in second] == [0, 1, 2]
-    assert [r.metadata.get("policy_step") for g in second for r in g.rollouts] == [0, 0, 0, 0, None, None]
-    assert [g.pool_index for g in bank.groups] == [6] and bank.groups[0].rollouts[0].metadata["policy_step"] == 1
+    assert [r.policy_version for g in second for r in g.rollouts] == [0, 0, 0, 0, 1, 1]
+    assert [g.pool_index for g in bank.groups] == [6] and bank.groups[0].rollouts[0].policy_version == 1
 
 
 def test_lag_is_one_update_even_when_the_bank_outgrows_a_batch():
     bank = SurplusBank(2)
-    bank.batch([_group(i, i) for i in range(6)], step=0)  # 4 banked: more than a batch
+    bank.batch([_group(i, i) for i in range(6)])  # 4 banked: more than a batch
     assert bank.need() == 1
-    nxt = bank.batch([_group(0, 9)], step=1)
+    nxt = bank.batch([_group(0, 9)])
     assert [g.pool_index for g in nxt] == [2, 3, 4, 5] and len(bank) == 1  # every banked group trains now
 
 
 def test_flush_and_mode_train_train_everything():
     bank = SurplusBank(2)
-    bank.batch([_group(i, i) for i in range(3)], step=0)
-    assert [g.pool_index for g in bank.batch([_group(0, 5), _group(1, 6)], step=1, flush=True)] == [2, 5, 6]
+    bank.batch([_group(i, i) for i in range(3)])
+    assert [g.pool_index for g in bank.batch([_group(0, 5), _group(1, 6)], flush=True)] == [2, 5, 6]
     assert len(bank) == 0
     train = SurplusBank(2, "train")
-    assert len(train.batch([_group(i, i) for i in range(5)], step=0)) == 5 and len(train) == 0 and train.need() == 2
-
-
-def test_a_carried_rollout_keeps_its_older_generation_step():
-    bank = SurplusBank(1)
-    bank.batch([_group(0, 0), _group(1, 1, meta={"policy_step": 3})], step=5)
-    assert {r.metadata["policy_step"] for r in bank.groups[0].rollouts} == {3}
+    assert len(train.batch([_group(i, i) for i in range(5)])) == 5 and len(train) == 0 and train.need() == 2
 
 
 def test_the_bank_round_trips_through_the_checkpoint_codec():
     bank = SurplusBank(1)
-    bank.batch([_group(0, 0), _group(7, 4, rewards=(1.0, 0.0, 1.0)), _group(8, 2)], step=2)
+    bank.batch([_group(0, 0), _group(7, 4, rewards=(1.0, 0.0, 1.0), version=2), _group(8, 2)])
     tree, tensors = encode(bank.state_dict())
     restored = SurplusBank(1)
     restored.load_state_dict(decode(tree, tensors), PROMPTS)
@@ -81,7 +75,7 @@ def _cfg(tmp_path, **overrides):
 
     return TrainConfig(**{"task": "sara/Arithmetic-v0:max_digits=1,pool_size=60,eval_size=4", "k": 4,
                           "groups_per_step": 3, "steps": 4, "eval": {"num_prompts": 2, "samples": 1, "greedy": False},
-                          "policy_options": {"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}},
+                          "policy_options": {"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 15}},
                           "threads": 1, "progress": False, "tensorboard": False, "out_dir": str(tmp_path),
                           "allocator": "ds", **overrides})
 
@@ -133,12 +127,12 @@ def test_the_step_that_spends_the_rollout_budget_flushes_the_bank(tmp_path):
     pytest.importorskip("torch")
     from sara.train import Trainer
 
-    with Trainer(_cfg(tmp_path / "free")) as trainer:  # where DS commits a surplus: the second step (4 for 3)
-        free = _steps(trainer, 2)
-    assert free[1]["train/banked_groups"] > 0, "no surplus to flush"
-    budget = int(free[0]["alloc/rollouts"] + free[1]["alloc/rollouts"])
+    with Trainer(_cfg(tmp_path / "free")) as trainer:  # where DS commits a surplus: the first step (5 for 3)
+        free = _steps(trainer, 1)
+    assert free[0]["train/banked_groups"] > 0, "no surplus to flush"
+    budget = int(free[0]["alloc/rollouts"])
     with Trainer(_cfg(tmp_path / "budget", steps=50, rollout_budget=budget)) as trainer:
-        ms = _steps(trainer, 2)  # the same two steps; the second spends the budget exactly
+        ms = _steps(trainer, 1)  # the same step; it spends the budget exactly
         assert trainer.budget_spent() and len(trainer.bank) == 0
     assert [m["alloc/committed_groups"] for m in ms] == [m["alloc/committed_groups"] for m in free]
-    assert ms[1]["train/batch_groups"] > free[1]["train/batch_groups"]  # the surplus trained, not banked
+    assert ms[0]["train/batch_groups"] > free[0]["train/batch_groups"]  # the surplus trained, not banked

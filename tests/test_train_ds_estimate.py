@@ -14,7 +14,7 @@ def test_p_mixed_estimate_matches_truth(population):
     truth = float(np.mean(1 - env.rates**k - (1 - env.rates) ** k))
     outcomes = OutcomeCounts(k)
     sampler = UniformSampler(len(env.prompts), seed=0)
-    alloc = make_allocator("sara:tau_low=0.45", k=k)
+    alloc = make_allocator("sara_paper:tau_low=0.45", k=k)
     for step in range(4):
         res = collect(alloc, env, sampler, target_groups=256, seed=1, step=step)
         outcomes.record([*res.groups, *res.abandoned, *res.discarded])

@@ -41,8 +41,8 @@ def _component_options() -> dict[str, dict[str, list[str]]]:
     """Per spec field: component name -> option names (from the registries' config classes), plus bogus ones."""
     from sara.algos import ALGOS, AlgoSpec
     from sara.allocators import ALLOCATORS
-    from sara.allocators.predictive import PredictiveSamplerConfig
     from sara.envs.tasks.arithmetic import ArithmeticConfig
+    from sara.samplers.predictive import PredictiveSamplerConfig
 
     extra = ["bogus"]
     return {

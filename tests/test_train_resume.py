@@ -27,7 +27,7 @@ SETTINGS = [
     "policy_options={d_model: 32, n_layers: 1, n_heads: 2, warm_start: {steps: 30, batch_size: 32}}",
     "groups_per_step=6", "k=4", "steps=8", "checkpoint_every=2", "keep_checkpoints=4",
     "eval.every=3", "eval.num_prompts=20", "eval.samples=2", "threads=1", "progress=false",
-    "allocator=sara:tau_low=0.45", "algo=ppo", "optim.minibatch_rollouts=8", "optim.epochs=2",
+    "allocator=sara_paper:tau_low=0.45", "algo=ppo", "optim.minibatch_rollouts=8", "optim.epochs=2",
     "optim.schedule=cosine", "optim.warmup_steps=2",
 ]
 

@@ -1,6 +1,5 @@
-"""Training with the streaming driver (``TrainConfig.driver = "stream"``): a step on the tiny backend counts aborted
-rollouts and occupancy, runs allocators without the streaming API exactly like
-the synchronous driver, and a run whose environment
+"""Training with the streaming driver (``TrainConfig.driver = {"barrier": False}``): a step on the tiny backend counts
+aborted rollouts and occupancy, uniform streams the same step as synchronous rounds, and a run whose environment
 cannot stream is a ``ConfigError`` naming ``driver``. (Kill + resume of a streaming run: tests/test_train_resume.py.)"""
 
 from __future__ import annotations
@@ -23,11 +22,11 @@ def _cfg(tmp_path, **overrides) -> TrainConfig:
 
 
 def test_a_streaming_step_trains_and_reports_aborts_and_occupancy(tmp_path):
-    with Trainer(_cfg(tmp_path, driver="stream", stream_slots=8, allocator="sara_async:max_inflight=2",
-                      backend="tiny:slots=32")) as trainer:
+    with Trainer(_cfg(tmp_path, driver={"barrier": False, "slots": 8, "fill_idle": True}, allocator="sara:probe=2",
+                      backend="tiny:max_batch_size=32")) as trainer:
         m = trainer.train_step()
     assert trainer.step == 1 and trainer.version == 1 and m["alloc/committed_groups"] >= 3
-    assert 0 < m["alloc/mean_inflight"] <= 8  # stream_slots caps what is in flight below the backend's 32 slots
+    assert 0 < m["alloc/mean_inflight"] <= 8  # driver.slots caps what is in flight below the engine's 32
     assert m["alloc/aborted_rollouts"] >= 0 and m["alloc/rollouts"] > 0
 
 
@@ -77,7 +76,8 @@ def test_driver_stream_needs_a_streaming_environment(tmp_path):
 def test_carry_over_hands_work_to_the_next_step_except_at_checkpoints(tmp_path):
     # carry_lag=1: step 1 hands open units on, step 2 trains on them (stale rows); step 2 writes a checkpoint, so it
     # carries nothing, and neither does the run's last step.
-    cfg = _cfg(tmp_path, driver="stream", allocator="sara", backend="tiny:slots=32", carry_lag=1, steps=4,
+    cfg = _cfg(tmp_path, driver={"barrier": False, "carry_lag": 1}, allocator="sara", backend="tiny:max_batch_size=32",
+               steps=4,
                checkpoint_every=2, groups_per_step=4,
                policy_options={"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 40}})
     with Trainer(cfg) as trainer:
@@ -95,6 +95,6 @@ def test_carry_over_hands_work_to_the_next_step_except_at_checkpoints(tmp_path):
 
 
 def test_carry_lag_needs_the_streaming_driver(tmp_path):
-    with pytest.raises(ConfigError, match="field 'carry_lag'.*driver"):
-        validate_config(TrainConfig, {"carry_lag": 1}, what="train config")
-    validate_config(TrainConfig, {"carry_lag": 1, "driver": "stream"}, what="train config")
+    with pytest.raises(ConfigError, match="field 'driver': field 'carry_lag': a streaming option"):
+        validate_config(TrainConfig, {"driver": {"carry_lag": 1}}, what="train config")
+    validate_config(TrainConfig, {"driver": {"carry_lag": 1, "barrier": False}}, what="train config")

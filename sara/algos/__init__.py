@@ -48,16 +48,6 @@ from sara.algos.losses import (
 )
 from sara.algos.specs import ALGOS, AlgoSpec, make_algo, register_algo
 
-
-def __getattr__(name: str) -> object:
-    # deprecated (warns): ADVANTAGES.register(..., outcome_level=True) / ADVANTAGES.is_outcome_level(name) instead
-    if name == "OUTCOME_ESTIMATORS":
-        from sara.algos import specs
-
-        return specs.__getattr__(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "ADVANTAGES",
     "ALGOS",

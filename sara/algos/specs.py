@@ -29,7 +29,6 @@ any KL penalty); otherwise the spec builds it: the scalar reward on the last val
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, Literal
 
 import torch
@@ -48,18 +47,6 @@ KLMode = Literal["none", "loss", "reward"]
 KLEstimator = Literal[KL_ESTIMATORS]  # type: ignore[valid-type]
 AggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
 _NORM_MODE = "seq-mean-token-sum-norm"
-
-
-def __getattr__(name: str) -> Any:
-    if name == "OUTCOME_ESTIMATORS":  # deprecated: was a closed frozenset; now a registration flag
-        warnings.warn(
-            "OUTCOME_ESTIMATORS is deprecated: register with ADVANTAGES.register(name, fn, outcome_level=True) and "
-            "ask ADVANTAGES.is_outcome_level(name)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return ADVANTAGES.outcome_level_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AlgoSpec(SaraModel):

@@ -1,58 +1,61 @@
 """Budget allocators: who gets the next rollouts, and when a prompt is committed or abandoned.
 
-Registry: ``ALLOCATORS`` maps names to allocator classes; ``make_allocator("sara:tau_low=0.45,probe=1", k=8)``
-builds one from a spec string (options validated by the class's pydantic ``Config``). ``"module:attr"`` names a user
-class without registering it.
+Registry: ``ALLOCATORS`` maps names to allocator classes, one rule per name; ``make_allocator("sara", k=8)`` builds
+one from a spec string (options validated by the class's pydantic ``Config``; an option of another rule is an error
+that names the right spec). ``"module:attr"`` names a user class without registering it.
+
+| name | rule |
+|---|---|
+| ``uniform`` | k rollouts for each of the groups needed; every group to the batch |
+| ``ds`` | DAPO dynamic sampling: full groups, keep the effective ones, refill |
+| ``sara`` | the cost-optimal stopping rule under an online population prior (recommended) |
+| ``sara_paper`` | the paper's fixed thresholds ``tau_low`` / ``tau_high`` on the Beta-Binomial p_eff |
+| ``bayes_optimal`` | the DP reference for one Beta population with a cap on wrong abandons |
+| ``sara_continuous`` | ``sara_paper``'s thresholds on bounded continuous rewards |
+| ``sara_tree`` | ``sara_paper``'s thresholds per rollout tree, leaves placed per node |
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from sara.allocators.base import (
-    AllocatorConfig,
-    BinaryEffectiveness,
-    BudgetAllocator,
-    ConstantPrior,
-    EffectivenessModel,
-    Prior,
-)
-from sara.allocators.posteriors import p_effective
-from sara.allocators.samplers import SAMPLERS, PromptSampler, UniformSampler, make_sampler
+from sara.allocators.base import AllocatorConfig, BudgetAllocator
+from sara.allocators.effectiveness import BinaryEffectiveness, EffectivenessModel
+from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
 from sara.allocators.sara import SARAAllocator, SARAConfig
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingConfig, UniformAllocator
-from sara.allocators.units import UnitStatus, UnitTable, UnitView
 from sara.config import ConfigError
+from sara.priors.history import HistoryPrior, HistorySource
+from sara.priors.posteriors import p_effective
 from sara.registry import Registry
-from sara.types import Decision
+from sara.types import Decision, Prompt
+from sara.units import UnitStatus, UnitTable, UnitView
 
 __all__ = [
     "ALLOCATORS",
     "AllocatorConfig",
     "BinaryEffectiveness",
+    "BorrowsHistory",
     "BudgetAllocator",
-    "ConstantPrior",
     "Decision",
     "DynamicSamplingAllocator",
     "DynamicSamplingConfig",
     "EffectivenessModel",
-    "Prior",
-    "PromptSampler",
-    "SAMPLERS",
+    "GroupsPrompts",
     "SARAAllocator",
     "SARAConfig",
+    "SARAPaperAllocator",
+    "SARAPaperConfig",
     "SequentialAllocator",
     "SequentialConfig",
     "UniformAllocator",
-    "UniformSampler",
     "UnitStatus",
     "UnitTable",
     "UnitView",
     "compose",
     "make_allocator",
-    "make_sampler",
     "p_effective",
     "register",
 ]
@@ -63,61 +66,80 @@ register = ALLOCATORS.register
 register("uniform", UniformAllocator)
 register("ds", DynamicSamplingAllocator)
 register("sara", SARAAllocator)
-# Beyond the paper (issue 5); lazy entry points, imported on first use.
+register("sara_paper", SARAPaperAllocator)
 register("bayes_optimal", "sara.allocators.bayes_optimal:BayesOptimalAllocator")
 register("sara_continuous", "sara.allocators.continuous:ContinuousSARAAllocator")
-register("sara_async", "sara.allocators.async_:AsyncSARAAllocator")
 register("sara_tree", "sara.allocators.tree:TreeSARAAllocator")
-SAMPLERS.register("predictive", "sara.allocators.predictive:PredictiveSampler")
 
 
-def make_allocator(spec: str | BudgetAllocator, **defaults: Any) -> BudgetAllocator:
+@runtime_checkable
+class BorrowsHistory(Protocol):
+    """An allocator that can read a sampler's per-prompt history as its prior (``sara``, ``sara_paper``)."""
+
+    def borrow_history(self, history: HistoryPrior) -> bool: ...
+
+
+@runtime_checkable
+class GroupsPrompts(Protocol):
+    """An allocator that splits its population prior by a prompt feature (``sara:group_by=KEY``)."""
+
+    group_by_given: bool
+
+    def group_prompts(self, prompts: Sequence[Prompt]) -> bool: ...
+
+
+def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defaults: Any) -> BudgetAllocator:
     """Build an allocator from a spec string ``"name"`` / ``"name:key=value,..."`` / ``"module:Class:key=value"``.
 
     Args:
-        spec: The spec (an allocator instance is returned unchanged).
-        **defaults: Options applied before the spec's own (e.g. ``k=8`` from the command line). Options the class's
-            config does not know are dropped from ``defaults`` (not from the spec, where they are an error).
+        spec: The spec (an allocator instance is returned unchanged, after the ``k`` check).
+        k: The run's group size (the one source of ``k``); a spec that sets another ``k`` is an error.
+        **defaults: Options applied before the spec's own. Options the class's config does not know are dropped from
+            ``defaults`` (not from the spec, where they are an error).
 
     Raises:
-        ConfigError: unknown allocator or invalid option; the message names the field.
+        ConfigError: unknown allocator, invalid option (the message names the field), an option of another rule (the
+            message names the right spec), or a ``k`` that disagrees with the run's.
     """
     if isinstance(spec, BudgetAllocator):
+        if k is not None and spec.k != int(k):
+            raise ConfigError(f"allocator {spec.name!r}: field 'k': {spec.k} disagrees with the run's k={k}")
         return spec
     cls, options = ALLOCATORS.from_spec(spec)
     if not (isinstance(cls, type) and issubclass(cls, BudgetAllocator)):
         raise ConfigError(f"{spec!r} does not name a BudgetAllocator subclass")
+    if k is not None:
+        if "k" in options and options["k"].strip() != str(int(k)):
+            raise ConfigError(f"allocator {spec!r}: field 'k': {options['k']} disagrees with the run's k={k}; drop k "
+                              "from the allocator spec (the group size comes from the training config's k)")
+        defaults["k"] = int(k)
     known = cls.Config.model_fields
-    merged = {k: v for k, v in defaults.items() if k in known}
+    merged = {key: v for key, v in defaults.items() if key in known}
     merged.update(options)
     return cls(merged)
 
 
-def compose(allocator: BudgetAllocator, sampler: PromptSampler,
-            prompts: Sequence[Any] | None = None) -> tuple[BudgetAllocator, PromptSampler]:
+def compose(allocator: BudgetAllocator, sampler: Any,
+            prompts: Sequence[Prompt] | None = None) -> tuple[BudgetAllocator, Any]:
     """Wire an allocator to the sampler it runs with: the one place where the two are composed.
 
-    A sampler that keeps per-prompt posteriors (``posterior``, a ``HistoryPrior``: the predictive sampler) lends them
-    to an allocator that can use them (``borrow_history``: ``sara``) unless the allocator's spec set ``prior``. So
+    A sampler that keeps per-prompt posteriors (``HistorySource``: the predictive sampler) lends them to an allocator
+    that can use them (``BorrowsHistory``: ``sara``, ``sara_paper``) unless the allocator's spec set ``prior``. So
     ``allocator=sara`` with ``sampler=predictive`` is SARA + predictive selection, each prompt's prior being the
     sampler's history; ``sara:prior=constant`` with the same sampler keeps its own prior.
 
     With the pool's ``prompts`` (indexed by pool index), an allocator that splits its population prior by a prompt
-    feature (``group_prompts``: ``sara:group_by=KEY``) gets them.
+    feature (``GroupsPrompts``: ``sara:group_by=KEY``) gets them.
 
     Returns:
         ``(allocator, sampler)``, the same objects (the allocator's prior possibly replaced).
     """
-    from sara.allocators.priors import HistoryPrior
-
-    history = getattr(sampler, "posterior", None)
-    borrow = getattr(allocator, "borrow_history", None)
-    if isinstance(history, HistoryPrior) and borrow is not None:
-        borrow(history)
-    group = getattr(allocator, "group_prompts", None)
-    if group is not None and prompts is not None:
-        group(prompts)
-    elif getattr(allocator, "group_by_given", False):
-        raise ConfigError(f"{getattr(allocator, 'name', 'allocator')}: field 'group_by' needs the pool's prompts: "
-                          "call compose(allocator, sampler, prompts=env.prompts)")
+    if isinstance(sampler, HistorySource) and isinstance(allocator, BorrowsHistory):
+        allocator.borrow_history(sampler.posterior)
+    if isinstance(allocator, GroupsPrompts):
+        if prompts is not None:
+            allocator.group_prompts(prompts)
+        elif allocator.group_by_given:
+            raise ConfigError(f"{allocator.name}: field 'group_by' needs the pool's prompts: call compose(allocator, "
+                              "sampler, prompts=env.prompts)")
     return allocator, sampler

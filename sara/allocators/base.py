@@ -1,25 +1,24 @@
-"""The allocator interface (``BudgetAllocator``), effectiveness models and priors.
+"""The allocator protocol (``BudgetAllocator``): slots free up, the allocator says which units get them; results
+arrive in any order, and the allocator commits, abandons or lets each unit continue.
 
-Lifecycle of one collection step (driven by ``sara.collect``; an allocator never calls the environment)::
+One protocol for every driver mode (``sara.driver.collect``; an allocator never calls the environment)::
 
-    begin_step(target_groups)
+    begin_step(target_groups, step=..., max_rollouts=..., lookahead=...)
     loop:
-        m = wants_prompts()              # fresh prompts to admit now
-        admit(pool_indices)              # -> new unit ids
-        unit_ids, counts = plan()        # rollouts per unit in this round (ONE batched env call)
-        closed_ids, decisions = observe(unit_ids_flat, rewards_flat)
-    closed_ids, decisions = end_step()   # close whatever is still open
+        ids = dispatch(free)                 # unit ids (with repeats) of the rollouts to start now
+        m = wants_prompts(idle)              # fresh prompts to admit when the open units leave slots idle
+        admit(pool_indices)                  # -> new unit ids (then dispatch again)
+        closed, decisions = finished(unit_ids, rewards, index)   # delivered rollouts, in any order
+        abort(closed units that still have rollouts in flight)
+    closed, decisions = end_step()           # close whatever is still open
 
-State is a table of arrays over allocation units (``UnitTable``); every decision is computed vectorized over units.
-A unit is usually a prompt; tree allocators use nodes of a rollout tree (``prefix``), nothing in the loop changes.
+Synchronous rounds are the same calls with a barrier: the driver dispatches a whole round, waits for all of it, and
+hands every result to one ``finished`` call. State is a table of arrays over allocation units (``sara.units``); every
+decision is vectorized over units. A unit is usually a prompt; tree allocators use trees of partial traces.
 
-The unit table lives in ``sara.allocators.units``; the sequential template (probe, then commit / abandon /
-continue) in ``sara.allocators.sequential``. Writing a new stopping rule: subclass ``SequentialAllocator`` and
-override ONE method, ``decide``::
-
-    class AbandonAfterM(SequentialAllocator):
-        def decide(self, units):            # units: UnitView over the undecided, unmixed units
-            return np.where(units.n >= 3, Decision.ABANDON, Decision.CONTINUE)
+Subclasses implement ``demand`` (how many rollouts each open unit should have started by now), ``wants_prompts`` and
+``observe`` (fold delivered rewards in and close units); ``sara.allocators.sequential`` is the template for stopping
+rules, which then override ONE method, ``decide``.
 """
 
 from __future__ import annotations
@@ -31,93 +30,25 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
-from sara.allocators.units import UnitStatus, UnitTable, UnitView
 from sara.config import SaraModel, validate_config
 from sara.types import Decision
+from sara.units import UnitStatus, UnitTable
 
-__all__ = [
-    "AllocatorConfig",
-    "BudgetAllocator",
-    "UnitTable",
-    "UnitView",
-    "UnitStatus",
-    "EffectivenessModel",
-    "BinaryEffectiveness",
-    "Prior",
-    "ConstantPrior",
-]
+__all__ = ["AllocatorConfig", "BudgetAllocator"]
 
 
 class AllocatorConfig(SaraModel):
     """Options every allocator has."""
 
     k: int = Field(8, ge=2, le=1_000_000)
-    """Group size: rollouts per prompt in a full group. Must be >= 2 (a singleton group has no baseline)."""
+    """Group size: rollouts per prompt in a full group. Must be >= 2 (a singleton group has no baseline). In a
+    training run it comes from ``TrainConfig.k``; an allocator spec that sets another value is an error."""
     eps: float = Field(1e-6, ge=0.0)
     """Effectiveness tolerance: a group is effective when its reward std exceeds eps (never ``std == 0``)."""
 
 
-class EffectivenessModel(ABC):
-    """Turns a unit's sufficient statistics into (a) 'already effective?' and (b) P(completed group effective).
-
-    The binary Beta-Binomial model is one implementation; continuous rewards plug in another, nothing else changes.
-    """
-
-    @abstractmethod
-    def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
-        """Boolean ``[len(idx)]``: the observed prefix is already an effective group."""
-
-    @abstractmethod
-    def p_effective(self, table: UnitTable, idx: np.ndarray, k: int) -> np.ndarray:
-        """Float ``[len(idx)]``: probability that the completed size-k group is effective."""
-
-
-class BinaryEffectiveness(EffectivenessModel):
-    """0/1 rewards, Beta(alpha0, beta0) prior per unit (``table.prior``), closed-form ``p_effective``."""
-
-    def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
-        return (table.rmax[idx] - table.rmin[idx]) > eps
-
-    def p_effective(self, table: UnitTable, idx: np.ndarray, k: int) -> np.ndarray:
-        from sara.allocators.posteriors import p_effective
-
-        a = table.prior.get("alpha0", np.ones(len(table)))[idx]
-        b = table.prior.get("beta0", np.ones(len(table)))[idx]
-        # Binary: successes = reward sum (rewards are rounded to {0,1} by construction of the task).
-        return np.asarray(p_effective(table.n[idx], np.rint(table.rsum[idx]), k, a, b), dtype=np.float64)
-
-
-class Prior(ABC):
-    """Where a unit's prior comes from (constant, empirical Bayes, per-prompt history, ...)."""
-
-    @abstractmethod
-    def params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
-        """Per-unit prior parameters, e.g. ``{"alpha0": [m], "beta0": [m]}``."""
-
-    def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:  # noqa: B027
-        """Learn from one finished step's observations (every unit, all decisions). Default: nothing."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027
-        pass
-
-
-class ConstantPrior(Prior):
-    """The same Beta(alpha0, beta0) for every prompt (the paper's uniform prior is alpha0 = beta0 = 1)."""
-
-    def __init__(self, alpha0: float = 1.0, beta0: float = 1.0) -> None:
-        self.alpha0 = float(alpha0)
-        self.beta0 = float(beta0)
-
-    def params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
-        m = len(pool_index)
-        return {"alpha0": np.full(m, self.alpha0), "beta0": np.full(m, self.beta0)}
-
-
 class BudgetAllocator(ABC):
-    """Decides, round by round, which units get how many rollouts, and closes units with a ``Decision``.
+    """Decides which units get the next rollouts, and closes units with a ``Decision`` (see the module docstring).
 
     Subclasses set ``Config`` (a pydantic model) and register themselves with ``sara.allocators.register``.
     Per-step state lives in ``self.units``; cross-step state (counters, priors) goes through ``state_dict``.
@@ -125,9 +56,8 @@ class BudgetAllocator(ABC):
 
     name: ClassVar[str] = "base"
     Config: ClassVar[type[AllocatorConfig]] = AllocatorConfig
-    lookahead: int = 0
-    """Groups wanted beyond the target: a streaming driver that carries open units into the next step sets it for
-    the step (``sara.collect_stream``); 0 otherwise."""
+    carries_over: ClassVar[bool] = True
+    """Whether open units can be handed to the next step (``carry_out`` / ``carry_in``; ``DriverConfig.carry_lag``)."""
 
     def __init__(self, config: AllocatorConfig | Mapping[str, Any] | None = None, **overrides: Any) -> None:
         if config is None or isinstance(config, Mapping):
@@ -139,6 +69,7 @@ class BudgetAllocator(ABC):
         self.config = config
         self.units = UnitTable()
         self.target_groups = 0
+        self.lookahead = 0
         self.max_rollouts: int | None = None
         self.step = -1
         self._counters: dict[str, float] = {
@@ -155,22 +86,26 @@ class BudgetAllocator(ABC):
         """Effectiveness tolerance: a group is effective when its reward std exceeds it."""
         return self.config.eps
 
-    # ---- lifecycle -------------------------------------------------------------------------------------------
-    def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
-        """Start a collection step that aims at ``target_groups`` committed groups within ``max_rollouts``."""
+    # ---- the protocol ----------------------------------------------------------------------------------------
+    def begin_step(self, target_groups: int, *, step: int | None = None, max_rollouts: int | None = None,
+                   lookahead: int = 0) -> None:
+        """Start a step that aims at ``target_groups`` committed groups within ``max_rollouts``; ``lookahead``: groups
+        to work ahead for the next step (a driver that carries open units over)."""
         self.units = UnitTable()
         self.target_groups = int(target_groups)
+        self.lookahead = int(lookahead)
         self.max_rollouts = None if max_rollouts is None else int(max_rollouts)
         self.step = self.step + 1 if step is None else int(step)
         self._counters["steps"] += 1
 
     @abstractmethod
-    def wants_prompts(self) -> int:
-        """How many fresh prompts to admit before the next round (0 = none)."""
+    def wants_prompts(self, idle: int) -> int:
+        """Fresh prompts to admit now, when the open units leave ``idle`` slots without work (0 = none)."""
 
     def admit(self, pool_index: np.ndarray) -> np.ndarray:
         """Create one unit per fresh prompt; returns their unit ids."""
-        ids = self.units.add(np.asarray(pool_index, np.int64), prior=self.prior_params(np.asarray(pool_index)))
+        pool_index = np.asarray(pool_index, np.int64)
+        ids = self.units.add(pool_index, prior=self.prior_params(pool_index))
         self._counters["units"] += len(ids)
         return ids
 
@@ -179,27 +114,92 @@ class BudgetAllocator(ABC):
         return None
 
     @abstractmethod
-    def plan(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(unit_ids, counts)``: rollouts per unit for this round. Empty = nothing left to do."""
+    def demand(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(unit_ids, want)``: rollouts each open unit should have in flight now (in dispatch order)."""
+
+    def dispatch(self, free: int, only: np.ndarray | None = None) -> np.ndarray:
+        """Unit ids (with repeats, in ``demand`` order) of up to ``free`` rollouts to start now (among the units
+        ``only`` when given); marks them in flight."""
+        u = self.units
+        if free <= 0 or len(u) == 0:
+            return np.zeros(0, np.int64)
+        ids, want = self.demand()
+        need = np.maximum(want - u.inflight[ids], 0)
+        if only is not None:
+            need = np.where(np.isin(ids, only), need, 0)
+        ids = np.repeat(ids, need)[:free]
+        np.add.at(u.inflight, ids, 1)
+        return ids
+
+    def prefix(self, unit_ids: np.ndarray) -> list[str]:
+        """Text appended to each just-dispatched rollout's prompt before generation (trees); default none."""
+        return [""] * len(unit_ids)
+
+    def finished(self, unit_ids: np.ndarray, rewards: np.ndarray, index: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Fold delivered rollouts in (``unit_ids`` may repeat; ``index``: each rollout's index within its unit) and
+        return ``(unit_ids, decisions)`` of the units closed now."""
+        unit_ids = np.asarray(unit_ids, np.int64)
+        np.subtract.at(self.units.inflight, unit_ids, 1)
+        return self.observe(unit_ids, np.asarray(rewards, np.float64))
 
     @abstractmethod
     def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Fold one round's flat observations in; return ``(unit_ids, decisions)`` of the units closed now.
+        """Fold delivered rewards in and close units: ``(unit_ids, decisions)`` with ``Decision.COMMIT`` /
+        ``ABANDON`` / ``DISCARD`` codes (``np.int8``). State follows observations: a unit may get fewer rollouts
+        than dispatched (budget cut, aborts)."""
 
-        ``decisions`` holds ``Decision.COMMIT`` / ``ABANDON`` / ``DISCARD`` codes (``np.int8``). The collect loop
-        may deliver fewer rollouts than planned (budget cut), so state must follow observations, not the plan.
-        """
+    def abort(self, unit_ids: np.ndarray) -> None:
+        """Forget the in-flight rollouts of ``unit_ids`` (the driver cancelled them)."""
+        self.units.inflight[np.asarray(unit_ids, np.int64)] = 0
+
+    def inflight(self, unit_ids: np.ndarray) -> np.ndarray:
+        """Rollouts in flight per unit."""
+        return self.units.inflight[np.asarray(unit_ids, np.int64)]
+
+    def filling(self) -> np.ndarray:
+        """Units being filled: committed, with fewer than k rollouts delivered."""
+        return np.flatnonzero(self.units.status == UnitStatus.FILLING)
+
+    def needed(self) -> int:
+        """Groups still needed: target (+ ``lookahead``) minus units committed or committed-and-filling."""
+        st = self.units.status
+        won = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum())
+        return max(0, self.target_groups + self.lookahead - won)
 
     def end_step(self) -> tuple[np.ndarray, np.ndarray]:
         """Close every open unit (default: ``DISCARD``) and return them as ``(unit_ids, decisions)``."""
         open_ = np.flatnonzero(self.units.status <= UnitStatus.FILLING)
         return open_, self._close(open_, Decision.DISCARD)
 
-    def prefix(self, unit_ids: np.ndarray) -> list[str]:
-        """Text appended to each unit's prompt before generation (tree rollouts); default none."""
-        return [""] * len(unit_ids)
+    # ---- carry-over: open units handed from one step to the next -------------------------------------------------
+    def carry_out(self, unit_ids: np.ndarray) -> None:
+        """Hand open units to the next step: they are not closed by ``end_step`` and not in ``observations``."""
+        unit_ids = np.asarray(unit_ids, np.int64)
+        self.units.status[unit_ids] = UnitStatus.CARRIED
+        self.units.inflight[unit_ids] = 0
 
-    # ---- what drivers read (``sara.collect``, ``sara.collect_async``) -------------------------------------------
+    def carry_in(self, pool_index: np.ndarray, rewards: list[np.ndarray], inflight: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Re-admit units carried from the previous step before any ``admit`` of this one: their delivered
+        ``rewards`` (one array per unit) are replayed through ``observe`` (decided under this step's prior);
+        ``inflight`` rollouts per unit are still running.
+
+        Returns:
+            ``(unit_ids, closed, decisions)``: the new unit ids, and the units the replay closed.
+        """
+        ids = self.admit(np.asarray(pool_index, np.int64))
+        self._counters["units"] -= len(ids)  # admitted (and counted) once already
+        self.units.inflight[ids] = np.asarray(inflight, np.int64)
+        lens = np.fromiter((len(r) for r in rewards), np.int64, count=len(rewards))
+        if lens.sum() == 0:
+            return ids, np.zeros(0, np.int64), np.zeros(0, np.int8)
+        flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
+        closed, decisions = self.observe(np.repeat(ids, lens), flat)
+        self._counters["rollouts"] -= int(lens.sum())  # counted when delivered
+        return ids, closed, decisions
+
+    # ---- what drivers and samplers read ----------------------------------------------------------------------
     def pool_indices(self, unit_ids: np.ndarray) -> np.ndarray:
         """Prompt index in the pool of each unit."""
         return self.units.pool_index[np.asarray(unit_ids, np.int64)]
@@ -231,13 +231,7 @@ class BudgetAllocator(ABC):
         u = self.units
         open_ = u.status <= UnitStatus.FILLING
         spare = self.max_rollouts - int(u.n.sum()) - int((self.k - u.n[open_]).clip(min=0).sum())
-        return max(0, -(-spare // self.k))  # ceil: the last unit may get a partial budget (cut by collect)
-
-    def _needed(self) -> int:
-        """Groups still needed: target (+ ``lookahead``) minus units committed or committed-and-filling."""
-        st = self.units.status
-        won = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)).sum())
-        return max(0, self.target_groups + self.lookahead - won)
+        return max(0, -(-spare // self.k))  # ceil: the last unit may get a partial budget (cut by the driver)
 
     # ---- state ---------------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -246,10 +240,7 @@ class BudgetAllocator(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Cross-step state (config, counters, step, and subclass extras). Picklable, numpy/str/float only."""
-        # Only the fields the user set: re-validating a full dump would mark defaults as given (SARA reads a given
-        # tau_low as "the paper rule").
-        return {"config": self.config.model_dump(exclude_unset=True), "counters": dict(self._counters),
-                "step": self.step}
+        return {"config": self.config.model_dump(), "counters": dict(self._counters), "step": self.step}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.config = self.Config.model_validate(state["config"])
@@ -259,12 +250,3 @@ class BudgetAllocator(ABC):
     def __repr__(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in self.config.model_dump().items())
         return f"{type(self).__name__}({opts})"
-
-
-def __getattr__(name: str) -> Any:
-    # The sequential template lives in ``sara.allocators.sequential`` (which imports this module); kept importable here.
-    if name in ("SequentialAllocator", "SequentialConfig"):
-        from sara.allocators import sequential
-
-        return getattr(sequential, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

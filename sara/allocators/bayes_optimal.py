@@ -25,11 +25,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from sara.allocators.base import Prior
-from sara.allocators.posteriors import p_effective
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
-from sara.allocators.units import UnitView
+from sara.priors.base import ConstantPrior, Prior
+from sara.priors.beta import EmpiricalBayesPrior
+from sara.priors.posteriors import p_effective
 from sara.types import Decision
+from sara.units import UnitView
 
 __all__ = ["BayesOptimalAllocator", "BayesOptimalConfig", "StoppingPolicy", "policy_table", "solve_lagrangian"]
 
@@ -168,23 +169,21 @@ class BayesOptimalAllocator(SequentialAllocator):
                  **overrides: Any) -> None:
         super().__init__(config, prior=prior, **overrides)
         if prior is None and self.config.prior == "empirical":
-            from sara.allocators.priors import EmpiricalBayesPrior
-
             self.prior = EmpiricalBayesPrior(self.config.alpha0, self.config.beta0)
+        if not isinstance(self.prior, (ConstantPrior, EmpiricalBayesPrior)):
+            raise TypeError(f"bayes_optimal solves for one Beta population: give a ConstantPrior or an "
+                            f"EmpiricalBayesPrior, got {type(self.prior).__name__}")
 
     def policy(self) -> StoppingPolicy:
         """The current rule (for the prior's current population parameters)."""
-        a = float(getattr(self.prior, "alpha0", self.config.alpha0))
-        b = float(getattr(self.prior, "beta0", self.config.beta0))
+        a, b = float(self.prior.alpha0), float(self.prior.beta0)  # type: ignore[attr-defined]
         if self.config.prior == "empirical":  # 3 significant digits: re-solve only when the fit really moved
             a, b = (float(f"{x:.3g}") for x in (a, b))
         return policy_table(a, b, self.k, self.config.max_wrong_abandon)
 
     def decide(self, units: UnitView) -> np.ndarray:
         if self.config.prior == "empirical":
-            from sara.allocators.priors import refresh_units
-
-            refresh_units(self.prior, units.table)
+            self.prior.refresh(units.table)
         table = self.policy().abandon
         n = np.minimum(units.n, self.k)
         s = np.clip(np.rint(units.s).astype(np.int64), 0, n)

@@ -30,10 +30,12 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 from scipy.special import gammaincc
 
-from sara.allocators.base import EffectivenessModel, Prior, UnitTable
-from sara.allocators.posteriors import log_p_all_succeed
-from sara.allocators.sara import SARAAllocator, SARAConfig
-from sara.deprecation import moved
+from sara.allocators.effectiveness import EffectivenessModel
+from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
+from sara.priors.base import Prior
+from sara.priors.history import HistoryPrior
+from sara.priors.posteriors import log_p_all_succeed
+from sara.units import UnitTable
 
 __all__ = ["ContinuousConfig", "ContinuousEffectiveness", "ContinuousSARAAllocator"]
 
@@ -89,8 +91,8 @@ class ContinuousEffectiveness(EffectivenessModel):
         return np.clip(1.0 - p_none, 0.0, 1.0)
 
 
-class ContinuousConfig(SARAConfig):
-    """SARA's rule on continuous rewards: thresholds as in ``sara``, plus the reward model's prior."""
+class ContinuousConfig(SARAPaperConfig):
+    """The paper's thresholds on continuous rewards (as in ``sara_paper``), plus the reward model's prior."""
 
     low: float = 0.0
     """Lower reward bound."""
@@ -124,16 +126,14 @@ class ContinuousConfig(SARAConfig):
         return self
 
 
-class ContinuousSARAAllocator(SARAAllocator):
-    """``sara_continuous``: SARA's COMMIT / ABANDON / CONTINUE rule on ``ContinuousEffectiveness``'s p_eff.
+class ContinuousSARAAllocator(SARAPaperAllocator):
+    """``sara_continuous``: the paper's COMMIT / ABANDON / CONTINUE thresholds on ``ContinuousEffectiveness``'s p_eff.
 
-    Works unchanged on 0/1 rewards (both values are boundary atoms). The ``prior`` option of ``sara`` (empirical /
-    history Beta priors) does not apply: the reward model has its own prior fields.
+    Works unchanged on 0/1 rewards (both values are boundary atoms). The empirical / history Beta priors of
+    ``sara_paper`` do not apply: the reward model has its own prior fields, and it borrows no sampler history.
     """
 
     name = "sara_continuous"
-    default_rule = "paper"  # its p_eff is the reward model's; the optimal rule is for 0/1 rewards
-    borrows_history = False
     Config = ContinuousConfig
     config: ContinuousConfig
 
@@ -141,6 +141,9 @@ class ContinuousSARAAllocator(SARAAllocator):
                  **overrides: Any) -> None:
         super().__init__(config, prior=prior, **overrides)
         self._build_model()
+
+    def borrow_history(self, history: HistoryPrior) -> bool:
+        return False
 
     def _build_model(self) -> None:
         c = self.config
@@ -151,8 +154,3 @@ class ContinuousSARAAllocator(SARAAllocator):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self._build_model()
-
-
-# Moved (deprecated paths, resolved lazily so the allocators never import the simulators or the benchmarks).
-__getattr__ = moved(__name__, {"continuous_reward_fn": "sara.envs.sim.continuous",
-                               "make_continuous_env": "sara.envs.sim.continuous", "continuous_vs_ds": "sara.bench.beyond"})

@@ -1,10 +1,21 @@
-"""The sequential template: probe units in rounds, commit mixed ones, ask ONE hook (``decide``) about the rest.
+"""The sequential template: probe units a few rollouts at a time, commit mixed ones, ask ONE hook (``decide``) about
+the rest.
 
 Writing a new stopping rule: subclass ``SequentialAllocator`` and override ``decide``::
+
+    import numpy as np
+    from sara import Decision, SequentialAllocator
 
     class AbandonAfterM(SequentialAllocator):
         def decide(self, units):            # units: UnitView over the undecided, unmixed units
             return np.where(units.n >= 3, Decision.ABANDON, Decision.CONTINUE)
+
+Per unit: a probing unit has up to its probe-schedule entry of rollouts in flight (``probe=1``: decide after every
+single rollout); a mixed prefix is committed (and filled to k in ``complete`` mode); a prefix that reached k without
+mixing is a saturated group and is discarded; every other unit gets ``decide``: ``CONTINUE``, ``COMMIT`` (stop
+probing, fill the group in one go) or ``ABANDON`` (free the rest of its budget). Once the groups committed or being
+filled cover the target, nothing is probed any more: the units ``drain`` selects get all their remaining rollouts
+(complete groups, as DS would generate them), the others none (discarded at the step's end).
 """
 
 from __future__ import annotations
@@ -17,17 +28,11 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from sara.allocators.admission import CommitPaths, record_probe
-from sara.allocators.base import (
-    AllocatorConfig,
-    BinaryEffectiveness,
-    BudgetAllocator,
-    ConstantPrior,
-    EffectivenessModel,
-    Prior,
-)
-from sara.allocators.streaming import StreamingMixin
-from sara.allocators.units import UnitStatus, UnitView
+from sara.allocators.base import AllocatorConfig, BudgetAllocator
+from sara.allocators.effectiveness import BinaryEffectiveness, EffectivenessModel
+from sara.priors.base import ConstantPrior, Prior
 from sara.types import Decision
+from sara.units import UnitStatus, UnitView
 
 __all__ = ["SequentialAllocator", "SequentialConfig"]
 
@@ -36,8 +41,9 @@ class SequentialConfig(AllocatorConfig):
     """Options of the sequential (probe, then commit / abandon / continue) template."""
 
     probe: tuple[int, ...] = (1,)
-    """Probe schedule: rollouts a probing unit gets in its 1st, 2nd, ... round (last entry repeats). '1' is fully
-    sequential; '2/1' probes two first, then one at a time. In spec strings separate entries with '/'."""
+    """Probe schedule: rollouts a probing unit gets in its 1st, 2nd, ... probe (last entry repeats); under a
+    streaming driver, the rollouts it may have in flight at once. '1' is fully sequential; '2/1' probes two first,
+    then one at a time. In spec strings separate entries with '/'."""
     completion: Literal["complete", "as_is"] = "complete"
     """'complete': a committed group is filled up to k rollouts. 'as_is': it is kept at the size it has (variable-size
     groups, always >= 2 when committed because it is mixed)."""
@@ -46,8 +52,7 @@ class SequentialConfig(AllocatorConfig):
     commits of all units in flight cover the groups still needed, with P(commit) estimated from the units' probing
     paths (``sara.allocators.admission``), so the units in flight are expected to fill the target and a step takes a
     few rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds).
-    Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups); once the
-    groups committed or being filled cover the target, nothing is probed any more and the rest is discarded."""
+    Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups)."""
     alpha0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-successes (1.0 with beta0 = 1.0 is the paper's uniform prior)."""
     beta0: float = Field(1.0, gt=0.0)
@@ -77,19 +82,13 @@ class SequentialConfig(AllocatorConfig):
         return v
 
 
-class SequentialAllocator(StreamingMixin, BudgetAllocator):
-    """Template for sequential stopping rules: probe units in rounds, commit mixed ones, ask ``decide`` for the rest.
-
-    Per round and unit: a mixed prefix is committed (and filled to k in ``complete`` mode); a prefix that reached k
-    without mixing is a saturated group and is discarded; every other unit gets ``decide(units)``: ``CONTINUE``,
-    ``COMMIT`` (stop probing, fill the group in one go) or ``ABANDON`` (free the rest of its budget).
-
-    Streaming drivers (``sara.collect_stream``) use the template's per-rollout API instead of ``plan`` / ``observe``
-    rounds: ``dispatch`` / ``finished`` / ``inflight`` / ``abort`` / ``wants_slots`` (``sara.allocators.streaming``).
-    """
+class SequentialAllocator(BudgetAllocator):
+    """Template for sequential stopping rules (see the module docstring): override ``decide`` (and optionally
+    ``drain``)."""
 
     name = "sequential"
     Config = SequentialConfig
+    config: SequentialConfig
     model: EffectivenessModel = BinaryEffectiveness()
     commit_paths: ClassVar[Callable[[], CommitPaths]] = CommitPaths
     """Builds the P(commit) estimator behind ``oversample='auto'``. Its constants (``CommitPaths``' ``hist_units``,
@@ -103,30 +102,45 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
         self.prior: Prior = prior if prior is not None else ConstantPrior(self.config.alpha0, self.config.beta0)
         self._paths = self.commit_paths()  # P(commit) of fresh and in-flight units, sizes oversample='auto'
 
-    # The one hook ------------------------------------------------------------------------------------------------
+    # The hooks ---------------------------------------------------------------------------------------------------
     def decide(self, units: UnitView) -> np.ndarray:
         """Decision codes ``[len(units.ids)]`` for undecided units whose prefix is not mixed. Default: continue."""
         return np.full(len(units.ids), Decision.CONTINUE, np.int8)
 
     def drain(self, units: UnitView) -> np.ndarray:
-        """Once the target is covered: which probing units get all their remaining rollouts in the step's last round
-        (``[len(units.ids)]`` bool). Default: none (their rollouts are discarded at the step's end)."""
+        """Once the target is covered: which probing units get all their remaining rollouts (``[len(units.ids)]``
+        bool). Default: none (their rollouts are discarded at the step's end)."""
         return np.zeros(len(units.ids), bool)
 
-    def _drained(self, probing: np.ndarray) -> np.ndarray:
-        """``drain`` over the probing units ``probing`` (bool mask; empty in, empty out)."""
-        if not len(probing):
-            return np.zeros(0, bool)
-        u = self.units
-        view = UnitView(ids=probing, n=u.n[probing], s=u.rsum[probing], k=self.k,
-                        p_eff=self.model.p_effective(u, probing, self.k), table=u)
-        return np.asarray(self.drain(view), bool)
-
     # Template -------------------------------------------------------------------------------------------------
+    def _view(self, ids: np.ndarray) -> UnitView:
+        u = self.units
+        return UnitView(ids=ids, n=u.n[ids], s=u.rsum[ids], k=self.k, table=u, model=self.model)
+
     def prior_params(self, pool_index: np.ndarray) -> dict[str, np.ndarray]:
         return self.prior.params(pool_index)
 
-    def wants_prompts(self) -> int:
+    def probe_size(self, unit_ids: np.ndarray) -> np.ndarray:
+        """Rollouts each probing unit gets in its current probe (its probe-schedule entry)."""
+        sched = np.asarray(self.config.probe, np.int64)
+        return sched[np.minimum(self.units.probes[unit_ids], len(sched) - 1)]
+
+    def demand(self) -> tuple[np.ndarray, np.ndarray]:
+        """Filling units: the rest of their group; probing units: their probe, or, once the target is covered, all
+        their remaining rollouts if ``drain`` selects them and none otherwise."""
+        u, k = self.units, self.k
+        fill = np.flatnonzero(u.status == UnitStatus.FILLING)
+        probe = np.flatnonzero(u.status == UnitStatus.PROBING)
+        if self.needed() == 0:
+            probe = probe[np.asarray(self.drain(self._view(probe)), bool)] if len(probe) else probe
+            want = k - u.n[probe]
+        else:
+            want = np.minimum(self.probe_size(probe), k - u.n[probe])
+        return np.concatenate([fill, probe]), np.concatenate([k - u.n[fill], want])
+
+    def wants_prompts(self, idle: int) -> int:
+        if idle <= 0 or self.needed() == 0:
+            return 0
         u = self.units
         probing = u.status == UnitStatus.PROBING
         factor = self.config.oversample
@@ -134,11 +148,11 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
             # Admit enough fresh units that the expected commits of the units in flight and of the fresh ones cover
             # the groups still needed; P(commit) from the units' probing paths (``sara.allocators.admission``).
             p_fresh, q = self._paths.estimate(u, probing, self._won())
-            want = max(0, math.ceil((self._needed() - float(q.sum())) / max(p_fresh, 1.0 / 16.0) - 1e-9))
+            want = max(0, math.ceil((self.needed() - float(q.sum())) / max(p_fresh, 1.0 / 16.0) - 1e-9))
         else:
-            want = max(0, math.ceil(self._needed() * float(factor)) - int(probing.sum()))
+            want = max(0, math.ceil(self.needed() * float(factor)) - int(probing.sum()))
         cap = self._affordable_units()
-        return want if cap is None else min(want, cap)
+        return min(idle, want if cap is None else min(want, cap))
 
     def commit_fraction(self) -> float:
         """Estimated probability that a fresh unit ends committed (``sara.allocators.admission``)."""
@@ -148,24 +162,6 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
     def _won(self) -> np.ndarray:
         st = self.units.status
         return (st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)
-
-    def plan(self) -> tuple[np.ndarray, np.ndarray]:
-        u, k = self.units, self.k
-        filling = np.flatnonzero(u.status == UnitStatus.FILLING)
-        probing = np.flatnonzero(u.status == UnitStatus.PROBING)
-        sched = np.asarray(self.config.probe, np.int64)
-        want = sched[np.minimum(u.probes[probing], len(sched) - 1)]
-        if self._needed() == 0:
-            # The groups being filled complete the target, and the step ends when they do. Units still probing
-            # either get all their remaining rollouts in this last round (``drain``: complete groups, as DS would
-            # generate them) or none (their rollouts so far are discarded at the step's end). Probing them one more
-            # round would only yield partial groups that flatter rollouts per effective group.
-            keep = self._drained(probing)
-            probing, want = probing[keep], (k - u.n[probing])[keep]
-        counts = np.concatenate([k - u.n[filling], np.minimum(want, k - u.n[probing])])
-        ids = np.concatenate([filling, probing])
-        keep = counts > 0
-        return ids[keep], counts[keep]
 
     def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         u, k, eps = self.units, self.k, self.config.eps
@@ -191,18 +187,16 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
         decisions.append(self._close(full, Decision.DISCARD))
         rest = rest[u.n[rest] < k]
         if len(rest):
-            view = UnitView(ids=rest, n=u.n[rest], s=u.rsum[rest], k=k,
-                            p_eff=self.model.p_effective(u, rest, k), table=u)
-            d = np.asarray(self.decide(view), np.int8)
+            d = np.asarray(self.decide(self._view(rest)), np.int8)
             if d.shape != rest.shape:
                 raise ValueError(f"{type(self).__name__}.decide returned shape {d.shape}, expected {rest.shape}")
+            bad = ~np.isin(d, (Decision.CONTINUE, Decision.COMMIT, Decision.ABANDON))
+            if bad.any():
+                raise ValueError(f"{type(self).__name__}.decide may return CONTINUE, COMMIT or ABANDON, got {d[bad][:3]}")
             commit_now = np.concatenate([commit_now, rest[d == Decision.COMMIT]])
             ab = rest[d == Decision.ABANDON]
             closed.append(ab)
             decisions.append(self._close(ab, Decision.ABANDON))
-            bad = ~np.isin(d, (Decision.CONTINUE, Decision.COMMIT, Decision.ABANDON))
-            if bad.any():
-                raise ValueError(f"{type(self).__name__}.decide may return CONTINUE, COMMIT or ABANDON, got {d[bad][:3]}")
         # Commit: fill to k, or keep as is (always when already complete).
         done = (u.n[commit_now] >= k) | (self.config.completion == "as_is")
         closed.append(commit_now[done])
@@ -215,7 +209,7 @@ class SequentialAllocator(StreamingMixin, BudgetAllocator):
         # Learn from the step's paths before the units still probing are closed: they are censored, not failures
         # (counting them as failures made the estimate, and with it the surplus, feed on itself).
         self._paths.end_step(u, u.status == UnitStatus.PROBING, self._won())
-        # A committed group cut short by the budget is still a valid (smaller) group: commit it as is.
+        # A committed group cut short (budget, end of a streaming step) is still a valid (smaller) group.
         filling = np.flatnonzero(u.status == UnitStatus.FILLING)
         d_fill = self._close(filling, Decision.COMMIT)
         probing = np.flatnonzero(u.status == UnitStatus.PROBING)

@@ -9,9 +9,9 @@ per-subtree baselines; nothing else changes for them.
 
 **Allocation: decisions per node.** The unit table holds one row per tree (its leaves' sufficient statistics, so
 SARA's tree-level rule and every prior work unchanged) and the allocator keeps per-node state beside it: the leaves under
-each branch node. Each round:
+each branch node. For every leaf it starts:
 
-* tree level (SARA's rule): COMMIT a mixed tree, ABANDON when p_eff < tau_low, else CONTINUE;
+* tree level (``sara_paper``'s rule): COMMIT a mixed tree, ABANDON when p_eff < tau_low, else CONTINUE;
 * node level, for a tree that continues: every new leaf goes to the node that buys the most evidence per token: a
   *new branch* (a whole rollout's tokens, one independent leaf's worth of evidence) or *deepening* the shallowest
   branch node (only the suffix, ``1 - shared_fraction`` of the tokens, but under within-branch correlation ``rho`` its
@@ -25,7 +25,7 @@ each branch node. Each round:
 p_eff accounts for the correlation by the design effect: ``m`` leaves of one branch carry ``m / (1 + (m - 1) rho)``
 independent rollouts' worth of evidence, for the observed prefix (actual leaves per node) and for the completed tree
 (the fill's final shape), in the Beta-Binomial closed form with non-integer counts. With ``rho = 0`` it is exactly
-``sara``.
+``sara_paper``.
 
 Node choices reach a tree-aware environment as node handles (``sara.handles``) when ``node_prefix=true``; the
 simulator is ``sara.envs.sim.tree.TreeSimulatedEnv``, text backends use ``sara.envs.tree.TreeTaskEnv``.
@@ -39,11 +39,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import Field
 
-from sara.allocators.base import EffectivenessModel, UnitStatus, UnitTable
-from sara.allocators.posteriors import log_p_all_fail, log_p_all_succeed
-from sara.allocators.sara import SARAAllocator, SARAConfig
-from sara.deprecation import moved
+from sara.allocators.effectiveness import EffectivenessModel
+from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
 from sara.handles import format_handle, parse_handle
+from sara.priors.posteriors import log_p_all_fail, log_p_all_succeed
+from sara.units import UnitStatus, UnitTable
 
 __all__ = ["TreeConfig", "TreeEffectiveness", "TreeSARAAllocator", "effective_size", "effective_size_of",
            "format_handle", "parse_handle", "water_fill"]
@@ -122,8 +122,8 @@ class TreeEffectiveness(EffectivenessModel):
         return np.clip(1.0 - np.exp(lf) - np.exp(ls), 0.0, 1.0)
 
 
-class TreeConfig(SARAConfig):
-    """SARA's options plus the tree shape and the node policy."""
+class TreeConfig(SARAPaperConfig):
+    """``sara_paper``'s options plus the tree shape and the node policy."""
 
     branches: int = Field(4, ge=1, le=64)
     """Branch nodes (partial traces) per prompt at most; a filled tree spreads its k leaves over this many."""
@@ -141,54 +141,66 @@ class TreeConfig(SARAConfig):
     never for plain text tasks, which would append the handle to the prompt)."""
 
 
-class TreeSARAAllocator(SARAAllocator):
-    """``sara_tree``: SARA's rule per tree on a correlation-aware p_eff, and a per-node choice of where each new leaf
-    grows (see the module docstring). It keeps the paper's threshold rule (``default_rule``).
+class TreeSARAAllocator(SARAPaperAllocator):
+    """``sara_tree``: the paper's thresholds per tree on a correlation-aware p_eff, and a per-node choice of where each
+    new leaf grows (see the module docstring).
 
-    Per-step node state: ``leaves[u, c]`` (leaves under branch node c of tree u),
-    ``opened[u]`` (branch nodes opened). ``plan`` decides the node of every leaf it schedules; ``prefix`` sends those
-    choices to a tree-aware environment; ``observe`` credits the delivered leaves to their nodes in plan order.
+    Per-step node state: ``leaves[u, c]`` (delivered leaves under branch node c of tree u), ``opened[u]`` (branch
+    nodes opened by delivered leaves), and the same two counting the leaves in flight (``placed``,
+    ``placed_opened``), which the node policy places new leaves against. ``dispatch`` chooses the node of every leaf
+    it starts (``node_of[u, j]`` for the tree's j-th leaf); ``prefix`` sends those choices to a tree-aware
+    environment; ``finished`` credits each delivered leaf to its node by its index j. Trees are not carried over
+    between steps.
     """
 
-    default_rule = "paper"
     name = "sara_tree"
     Config = TreeConfig
     config: TreeConfig
-    streams = False  # observe credits leaves to the nodes plan() chose: streaming drivers run it in rounds
+    carries_over = False  # per-node state does not travel with a carried unit
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self._reset_nodes()
 
     def _reset_nodes(self) -> None:
-        b = self.config.branches
+        b, k = self.config.branches, self.k
         self.model = TreeEffectiveness(b, self.config.rho)
         self.leaves = np.zeros((0, b), np.int64)
         self.opened = np.zeros(0, np.int64)
-        self._plan_ids = np.zeros(0, np.int64)  # units of the last plan (sorted) and each planned leaf's node
-        self._plan_nodes = np.zeros((0, 0), np.int64)
-        self._plan_opens = np.zeros((0, 0), bool)
+        self.placed = np.zeros((0, b), np.int64)
+        self.placed_opened = np.zeros(0, np.int64)
+        self.node_of = np.zeros((0, k), np.int64)  # branch node of the tree's j-th leaf (-1: not dispatched)
+        self.opens_of = np.zeros((0, k), bool)  # whether that leaf opens its branch
+        self.dispatched = np.zeros(0, np.int64)
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 3  # type: ignore[assignment]
         self.model.leaves = self.leaves
 
     def load_state_dict(self, state: Any) -> None:
         super().load_state_dict(state)
         self._reset_nodes()
 
-    def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
-        super().begin_step(target_groups, step, max_rollouts)
+    def begin_step(self, target_groups: int, *, step: int | None = None, max_rollouts: int | None = None,
+                   lookahead: int = 0) -> None:
+        super().begin_step(target_groups, step=step, max_rollouts=max_rollouts, lookahead=lookahead)
         self._reset_nodes()
 
     def admit(self, pool_index: np.ndarray) -> np.ndarray:
         ids = super().admit(pool_index)
-        m, b = len(ids), self.config.branches
+        m, b, k = len(ids), self.config.branches, self.k
         self.leaves = np.concatenate([self.leaves, np.zeros((m, b), np.int64)])
         self.opened = np.concatenate([self.opened, np.zeros(m, np.int64)])
+        self.placed = np.concatenate([self.placed, np.zeros((m, b), np.int64)])
+        self.placed_opened = np.concatenate([self.placed_opened, np.zeros(m, np.int64)])
+        self.node_of = np.concatenate([self.node_of, np.full((m, k), -1, np.int64)])
+        self.opens_of = np.concatenate([self.opens_of, np.zeros((m, k), bool)])
+        self.dispatched = np.concatenate([self.dispatched, np.zeros(m, np.int64)])
         self.model.leaves = self.leaves
         return ids
 
     # ---- node policy ---------------------------------------------------------------------------------------------
-    def _place(self, ids: np.ndarray, counts: np.ndarray) -> None:
-        """Choose the branch node of every planned leaf (vectorized over trees, one pass per leaf position).
+    def _place(self, ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Branch nodes ``[len(ids), max(counts)]`` (and whether each leaf opens its node) of ``counts[i]`` new leaves
+        of the distinct trees ``ids``, vectorized over trees, one pass per leaf position.
 
         Probing (the tree is undecided): a leaf under a branch node that already has ``m`` leaves adds
         ``(m+1)/(1+m rho) - m/(1+(m-1) rho)`` independent leaves' worth of evidence (the design effect) for
@@ -197,17 +209,18 @@ class TreeSARAAllocator(SARAAllocator):
         than ``branches`` are open). Filling (committed): level by level over all ``branches`` nodes.
         """
         c, b = self.config, self.config.branches
-        m = self.leaves[ids].copy()
-        opened = self.opened[ids].copy()
+        m = self.placed[ids].copy()
+        opened = self.placed_opened[ids].copy()
         filling = self.units.status[ids] == UnitStatus.FILLING
         width = int(counts.max(initial=0))
         nodes = np.full((len(ids), width), -1, np.int64)
         opens = np.zeros((len(ids), width), bool)
         rows = np.arange(len(ids))
+        start = self.placed[ids].sum(1)
         for r in range(width):
             act = counts > r
             if c.nodes == "round_robin":
-                node = (self.units.n[ids] + r) % b
+                node = (start + r) % b
             else:
                 # Filling: level by level over all branch nodes; unopened ones have 0 leaves, so they open first.
                 fill_node = np.argmin(m, axis=1)
@@ -224,38 +237,54 @@ class TreeSARAAllocator(SARAAllocator):
             nodes[:, r], opens[:, r] = node, new
             m[rows[act], node[act]] += 1
             opened += new
-        order = np.argsort(ids, kind="stable")
-        self._plan_ids, self._plan_nodes, self._plan_opens = ids[order], nodes[order], opens[order]
+        return nodes, opens
 
-    def plan(self) -> tuple[np.ndarray, np.ndarray]:
-        ids, counts = super().plan()
-        self._place(ids, counts)
-        return ids, counts
+    def dispatch(self, free: int, only: np.ndarray | None = None) -> np.ndarray:
+        """The template's dispatch, and a branch node for every leaf started (against delivered + in-flight leaves)."""
+        ids = super().dispatch(free, only)
+        uids, inv, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        nodes, opens = self._place(uids, counts)
+        rank = _rank_within(ids)
+        node, opened = nodes[inv.reshape(-1), rank], opens[inv.reshape(-1), rank]
+        j = self.dispatched[ids] + rank
+        self.node_of[ids, j], self.opens_of[ids, j] = node, opened
+        np.add.at(self.dispatched, ids, 1)
+        np.add.at(self.placed, (ids, node), 1)
+        np.maximum.at(self.placed_opened, ids, node + 1)
+        self._last = (ids, node, opened)
+        return ids
 
     def prefix(self, unit_ids: np.ndarray) -> list[str]:
+        """Node handles of the leaves just dispatched (with ``node_prefix``), one per leaf."""
+        unit_ids = np.asarray(unit_ids, np.int64)
         if not self.config.node_prefix:
             return [""] * len(unit_ids)
-        unit_ids = np.asarray(unit_ids, np.int64)
-        rows = np.searchsorted(self._plan_ids, unit_ids)
-        out = []
-        for u, r in zip(unit_ids.tolist(), rows.tolist()):
-            keep = self._plan_nodes[r] >= 0
-            out.append(format_handle(self.step, u, self.config.branches, self._plan_nodes[r][keep].tolist(),
-                                     self._plan_opens[r][keep].tolist()))
-        return out
+        ids, node, opened = self._last
+        if not np.array_equal(ids, unit_ids):
+            raise ValueError("sara_tree.prefix: call it with the unit ids the last dispatch returned")
+        b = self.config.branches
+        return [format_handle(self.step, u, b, [c], [o]) for u, c, o in zip(ids.tolist(), node.tolist(),
+                                                                            opened.tolist())]
 
-    def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def finished(self, unit_ids: np.ndarray, rewards: np.ndarray, index: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Credit each delivered leaf to the node it was dispatched to (``index``: the leaf's j), then decide."""
         unit_ids = np.asarray(unit_ids, np.int64)
-        rewards = np.asarray(rewards, np.float64)
-        # Credit leaves to nodes in plan order (collect may deliver fewer than planned: a budget cut).
-        if len(unit_ids):
-            rows = np.minimum(np.searchsorted(self._plan_ids, unit_ids), max(len(self._plan_ids) - 1, 0))
-            if len(self._plan_ids) == 0 or not np.array_equal(self._plan_ids[rows], unit_ids):
-                raise ValueError("sara_tree.observe: rewards for units that were not in the last plan()")
-            node = self._plan_nodes[rows, _rank_within(unit_ids)]
-            np.add.at(self.leaves, (unit_ids, node), 1)
-            np.maximum.at(self.opened, unit_ids, node + 1)
-        return super().observe(unit_ids, rewards)
+        if index is None:
+            raise ValueError("sara_tree.finished: needs each leaf's index within its tree (index=)")
+        node = self.node_of[unit_ids, np.asarray(index, np.int64)]
+        if (node < 0).any():
+            raise ValueError("sara_tree.finished: rewards for leaves that were never dispatched")
+        np.add.at(self.leaves, (unit_ids, node), 1)
+        np.maximum.at(self.opened, unit_ids, node + 1)
+        return super().finished(unit_ids, rewards, index)
+
+    def abort(self, unit_ids: np.ndarray) -> None:
+        """Cancelled leaves leave their nodes: placement counts fall back to the delivered leaves."""
+        unit_ids = np.asarray(unit_ids, np.int64)
+        self.placed[unit_ids] = self.leaves[unit_ids]
+        self.placed_opened[unit_ids] = self.opened[unit_ids]
+        super().abort(unit_ids)
 
     def node_shape(self, unit_id: int) -> list[int]:
         """Leaves under each opened branch node of a tree (for inspection and tests)."""
@@ -270,7 +299,3 @@ def _rank_within(ids: np.ndarray) -> np.ndarray:
     rank = np.empty(len(ids), np.int64)
     rank[order] = np.arange(len(ids)) - first
     return rank
-
-
-# Moved (deprecated paths, resolved lazily so the allocators never import the simulators or the benchmarks).
-__getattr__ = moved(__name__, {"TreeSimulatedEnv": "sara.envs.sim.tree", "tree_vs_flat": "sara.bench.beyond"})

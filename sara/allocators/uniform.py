@@ -1,12 +1,11 @@
-"""Uniform allocation and DAPO-style Dynamic Sampling: whole groups of k, generated in batches.
+"""Uniform allocation and DAPO-style Dynamic Sampling: whole groups of k, every rollout of a group started together.
 
-Under a streaming driver (``sara.collect_stream``) they stream too (the streaming API of
-``sara.allocators.streaming``): a unit's k rollouts are dispatched together, fresh prompts are admitted as slots free
-up (``wants_slots``) instead of batch by batch, the step ends once the target is committed (groups still generating
-are aborted, or carried into the next step with ``carry_lag``). ``uniform`` admits exactly the groups still needed;
+A unit's k rollouts are dispatched at once; fresh prompts are admitted while the groups in flight are not expected
+to cover the groups still needed: ``uniform`` admits exactly the groups still needed (every group goes to the batch),
 ``ds`` admits ``ceil(groups still needed / effective fraction)`` minus the groups in flight, its fraction estimated
-from the step's finished groups as its batches are sized (streaming ``ds`` is DAPO's refill loop without batch
-barriers, the way asynchronous RL systems run it).
+from the step's finished groups. Under synchronous rounds that is DAPO's refill loop (a generation batch of full
+groups, keep the effective ones, refill); under a streaming driver the same rule admits as slots free up, the way
+asynchronous RL systems run it.
 """
 
 from __future__ import annotations
@@ -16,79 +15,45 @@ import math
 import numpy as np
 from pydantic import Field
 
-from sara.allocators.base import AllocatorConfig, BudgetAllocator, UnitStatus
-from sara.allocators.streaming import StreamingMixin
+from sara.allocators.base import AllocatorConfig, BudgetAllocator
 from sara.types import Decision
+from sara.units import UnitStatus
 
 __all__ = ["UniformAllocator", "DynamicSamplingAllocator", "DynamicSamplingConfig"]
 
 
-class _FullGroupAllocator(StreamingMixin, BudgetAllocator):
-    """Generates full size-k groups, one generation batch per round; ``keep`` says which groups go to the batch.
-
-    Streaming (``wants_slots`` / ``dispatch`` / ``finished``): every open unit gets its k rollouts at once, fresh
-    prompts are admitted while the groups in flight are not expected to cover the groups still needed."""
-
-    def _batch_size(self) -> int:
-        return self.target_groups
-
-    def _max_batches(self) -> int:
-        return 1
-
-    def begin_step(self, target_groups: int, step: int | None = None, max_rollouts: int | None = None) -> None:
-        super().begin_step(target_groups, step, max_rollouts)
-        self.batches = 0
-
-    def wants_prompts(self) -> int:
-        open_ = int((self.units.status <= UnitStatus.FILLING).sum())
-        if open_ or self._needed() == 0 or self.batches >= self._max_batches():
-            return 0
-        self.batches += 1
-        cap = self._affordable_units()
-        return self._batch_size() if cap is None else min(self._batch_size(), max(cap, 1))
-
-    def plan(self) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.flatnonzero(self.units.status == UnitStatus.PROBING)
-        counts = self.k - self.units.n[ids]
-        keep = counts > 0
-        return ids[keep], counts[keep]
+class _FullGroupAllocator(BudgetAllocator):
+    """Generates full size-k groups; ``keep`` says which complete groups go to the batch."""
 
     def keep(self, ids: np.ndarray) -> np.ndarray:
         """Boolean mask over complete groups ``ids``: which go to the batch."""
         return np.ones(len(ids), bool)
 
-    def _effective_fraction(self) -> float:
-        """Expected fraction of fresh groups that go to the batch (sizes streaming admission)."""
-        return 1.0
+    def groups_wanted(self) -> int:
+        """Groups the step wants in flight now (``uniform``: exactly the groups still needed)."""
+        return self.needed()
 
-    def _max_units(self) -> int | None:
-        """Units a streaming step admits at most (None = no cap)."""
+    def max_units(self) -> int | None:
+        """Units a step admits at most (None = no cap)."""
         return None
 
-    # streaming (sara.allocators.streaming) ---------------------------------------------------------------------
-    def probe_inflight(self, unit_ids: np.ndarray) -> np.ndarray:
-        """All k rollouts of a group are started together."""
-        return np.full(len(unit_ids), self.k, np.int64)
+    def demand(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every open group gets all its k rollouts at once, until the target is covered (then the step ends)."""
+        ids = np.flatnonzero(self.units.status == UnitStatus.PROBING)
+        want = self.k - self.units.n[ids] if self.needed() > 0 else np.zeros(len(ids), np.int64)
+        return ids, want
 
-    def _drained(self, probing: np.ndarray) -> np.ndarray:
-        """Once the target is covered no open group gets more rollouts (the step ends)."""
-        return np.zeros(len(probing), bool)
-
-    def _groups_in_flight_wanted(self) -> int:
-        """Groups a streaming step wants open: ``ceil(needed / effective fraction)``."""
-        return math.ceil(self._needed() / max(self._effective_fraction(), 1.0 / 64) - 1e-9)
-
-    def wants_slots(self, idle: int) -> int:
-        """Fresh prompts for ``idle`` slots: ``_groups_in_flight_wanted`` minus the groups in flight, at most one per
-        k idle slots (every admitted group starts all k rollouts soon), within the budget and ``_max_units``."""
-        if idle <= 0 or self._needed() == 0:
+    def wants_prompts(self, idle: int) -> int:
+        """``groups_wanted`` minus the groups in flight, at most one per k idle slots (every admitted group starts
+        all k rollouts at once), within the budget and ``max_units``."""
+        if idle <= 0 or self.needed() == 0:
             return 0
         open_ = int((self.units.status == UnitStatus.PROBING).sum())
-        want = min(self._groups_in_flight_wanted() - open_, math.ceil(idle / self.k))
+        want = min(self.groups_wanted() - open_, math.ceil(idle / self.k))
         cap = self._affordable_units()
         if cap is not None:
             want = min(want, cap)
-        most = self._max_units()
+        most = self.max_units()
         if most is not None:
             want = min(want, most - len(self.units))
         return max(0, want)
@@ -103,7 +68,7 @@ class _FullGroupAllocator(StreamingMixin, BudgetAllocator):
 
 
 class UniformAllocator(_FullGroupAllocator):
-    """B prompts x k rollouts in one round; every group goes to the batch, saturated ones included."""
+    """B prompts x k rollouts; every group goes to the batch, saturated ones included."""
 
     name = "uniform"
     Config = AllocatorConfig
@@ -113,15 +78,16 @@ class DynamicSamplingConfig(AllocatorConfig):
     """Options of DAPO's dynamic sampling."""
 
     gen_batch_prompts: int | None = Field(None, ge=1)
-    """Prompts per generation batch (each gets k rollouts). None = the number of groups still needed, divided by
-    ``expected_effective`` (so one batch usually suffices). Streaming drivers: groups kept in flight."""
+    """Prompts per generation batch (groups kept in flight; each gets k rollouts). None = the number of groups still
+    needed, divided by ``expected_effective`` (so one batch usually suffices)."""
     expected_effective: float | None = Field(None, gt=0.0, le=1.0)
     """Effective-group fraction used to size a batch when gen_batch_prompts is None: a batch is
-    ceil(groups still needed / expected_effective) prompts. None = estimate it from this step's batches so far (the
+    ceil(groups still needed / expected_effective) prompts. None = estimate it from this step's finished groups (the
     first batch is exactly the number of groups needed, DAPO's refill loop)."""
     max_gen_batches: int = Field(64, ge=1)
-    """Stop after this many generation batches and return what was collected (status 'allocator_done'). Streaming
-    drivers: stop admitting after as many prompts as this many batches of the step's target would hold."""
+    """A step draws at most this many generation batches' worth of prompts (a batch: ``gen_batch_prompts``, else the
+    step's target + lookahead), then returns what it has (status 'allocator_done'): DAPO's cap on generation batches,
+    counted in prompts so it means the same in rounds and streaming."""
 
 
 class DynamicSamplingAllocator(_FullGroupAllocator):
@@ -131,12 +97,7 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
     Config = DynamicSamplingConfig
     config: DynamicSamplingConfig
 
-    def _batch_size(self) -> int:
-        if self.config.gen_batch_prompts is not None:
-            return self.config.gen_batch_prompts
-        return max(1, math.ceil(self._needed() / max(self._effective_fraction(), 1.0 / 64)))
-
-    def _effective_fraction(self) -> float:
+    def effective_fraction(self) -> float:
         """``expected_effective``, or the step's committed share of finished groups so far (1.0 before any)."""
         if self.config.expected_effective is not None:
             return self.config.expected_effective
@@ -144,17 +105,15 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
         done = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.DISCARDED)).sum())
         return (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
 
-    def _max_batches(self) -> int:
-        return self.config.max_gen_batches
-
-    def _max_units(self) -> int:
-        return self.config.max_gen_batches * max(self.target_groups + self.lookahead, 1)
-
-    def _groups_in_flight_wanted(self) -> int:
-        """``gen_batch_prompts`` when set (that many groups kept in flight), else the estimate's."""
+    def groups_wanted(self) -> int:
+        """``gen_batch_prompts`` when set, else ``ceil(groups still needed / effective fraction)``."""
         if self.config.gen_batch_prompts is not None:
             return self.config.gen_batch_prompts
-        return super()._groups_in_flight_wanted()
+        return max(1, math.ceil(self.needed() / max(self.effective_fraction(), 1.0 / 64)))
+
+    def max_units(self) -> int:
+        batch = self.config.gen_batch_prompts or max(self.target_groups + self.lookahead, 1)
+        return self.config.max_gen_batches * batch
 
     def keep(self, ids: np.ndarray) -> np.ndarray:
         return self.units.std(ids) > self.config.eps

@@ -17,11 +17,18 @@ configured backend in a ``RayRolloutPool`` (``sara.backends.ray``); in Python, b
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from sara.registry import Registry
 
-__all__ = ["BACKENDS", "make_backend"]
+__all__ = ["BACKENDS", "PrefixCached", "make_backend"]
+
+
+@runtime_checkable
+class PrefixCached(Protocol):
+    """A backend that keeps prompt KV across calls (hf, vllm) and can forget it (benchmarks reset it per step)."""
+
+    def reset_prefix_cache(self) -> None: ...
 
 BACKENDS: Registry[Callable[..., Any]] = Registry("generation backend")
 """Backend name -> ``factory(policy, options, *, task, seed) -> GenerationBackend``."""

@@ -56,10 +56,9 @@ class HFBackendConfig(SaraModel):
     device: str = "cpu"
     """Torch device of the generating model."""
     max_batch_size: int = Field(64, ge=1)
-    """Rows (completions) decoded together; larger rounds are split into chunks of whole requests."""
-    stream_slots: int | None = Field(None, ge=1)
-    """Completions decoded together by the streaming loop (``submit`` / ``poll``, ``sara.backends.hf_stream``);
-    ``None`` = ``max_batch_size``."""
+    """Rows (completions) decoded together: larger rounds are split into chunks of whole requests, and the streaming
+    loop (``submit`` / ``poll``, ``sara.backends.hf_stream``) decodes at most this many (the engine's capacity,
+    ``slots``)."""
     share_policy: bool = False
     """Generate with the trainer's policy module itself (no copy, weight sync is free, but generation runs in the
     policy's dtype); otherwise the backend holds its own copy in ``dtype`` and ``update_weights`` copies the state."""
@@ -155,7 +154,7 @@ class HFBackend:
             out[row.request].append(Completion(
                 text=text, token_ids=tuple(row.tokens), logprobs=tuple(row.logprobs),
                 prompt_token_ids=tuple(row.prompt_ids), finish_reason=row.finish, seed=row.seed,
-                metadata={"weights_version": self.version}))
+                policy_version=self.version))
             self.tokens_generated += len(row.tokens)
         return out
 
@@ -288,7 +287,7 @@ class HFBackend:
     @property
     def slots(self) -> int:
         """Completions the streaming loop decodes together at full occupancy."""
-        return int(self.config.stream_slots or self.config.max_batch_size)
+        return int(self.config.max_batch_size)
 
     def submit(self, items: Sequence[tuple[int, GenerationRequest]], sampling: SamplingConfig) -> None:
         """Queue one completion per ``(tag, request)`` (``request.n == 1``, tags unique while in flight)."""

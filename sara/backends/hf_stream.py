@@ -19,9 +19,8 @@ tests' model, see ``tests/test_backend_hf_stream.py``). No wall-clock enters: th
 results.
 
 Weights: ``update_weights`` between polls takes effect at the next forward. A completion then in flight keeps the KV
-its earlier tokens computed; its ``metadata`` has ``weights_version`` (the version whose forward produced the logits
-of its last token) and, only when they differ, ``weights_version_first`` (of its first token). Drivers that need
-single-version completions abort or drain in-flight work before updating.
+its earlier tokens computed; its ``policy_version`` is the version whose forward produced the logits of its first
+token. Drivers that need single-version completions abort or drain in-flight work before updating.
 """
 
 from __future__ import annotations
@@ -234,9 +233,7 @@ class HFStreamEngine:
     def _completion(self, s: _Slot) -> Completion:
         b = self.backend
         text = s.text if s.text is not None else b.tokenizer.decode(s.tokens, skip_special_tokens=True)
-        meta: dict[str, Any] = {"weights_version": s.last_version}
-        if s.first_version != s.last_version:
-            meta["weights_version_first"] = s.first_version
         b.tokens_generated += len(s.tokens)
         return Completion(text=text, token_ids=tuple(s.tokens), logprobs=tuple(s.logprobs),
-                          prompt_token_ids=tuple(s.prompt_ids), finish_reason=s.finish, seed=s.seed, metadata=meta)
+                          prompt_token_ids=tuple(s.prompt_ids), finish_reason=s.finish, seed=s.seed,
+                          policy_version=s.first_version)

@@ -28,11 +28,11 @@ __all__ = ["TinyBackend", "TinyBackendConfig", "make_tiny_backend"]
 class TinyBackendConfig(SaraModel):
     """Options of the tiny backend."""
 
-    max_batch: int = Field(4096, ge=1)
-    """Rows sampled per forward batch (larger rounds are split; results do not change)."""
-    slots: int = Field(256, ge=1)
-    """Streaming (``submit`` / ``poll``): completions decoded concurrently; further submissions queue and join as
-    rows finish (continuous batching)."""
+    forward_rows: int = Field(4096, ge=1)
+    """Rows per forward pass (larger batches are split; results do not change)."""
+    max_batch_size: int = Field(256, ge=1)
+    """The engine's capacity when streaming (``submit`` / ``poll``): completions decoded concurrently; further
+    submissions queue and join as rows finish (continuous batching)."""
 
 
 class TinyBackend:
@@ -40,7 +40,7 @@ class TinyBackend:
 
     Streaming is continuous batching over a pool of live rows: each ``poll`` runs decode ticks (one token for every
     live row, rows grouped by current length since the tiny model has no padding or KV cache) until at least one row
-    finishes; finished rows leave, rows submitted since join at the next tick (at most ``slots`` rows decode, the rest
+    finishes; finished rows leave, rows submitted since join at the next tick (at most ``max_batch_size`` rows decode, the rest
     wait in submission order). Token ``t`` of a completion with seed ``s`` is drawn exactly as ``generate`` draws it
     (``uniform_from_seeds(s, stream=t)``, inverse CDF), so a streamed completion equals ``generate``'s for the same
     prompt and seed, whatever else is in flight. No wall-clock enters (``poll``'s timeout is ignored).
@@ -64,8 +64,8 @@ class TinyBackend:
 
     @property
     def slots(self) -> int:
-        """Completions decoded concurrently when streaming (``TinyBackendConfig.slots``)."""
-        return self.config.slots
+        """Completions decoded concurrently when streaming (``TinyBackendConfig.max_batch_size``)."""
+        return self.config.max_batch_size
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
         """Return ``out[i]`` with ``requests[i].n`` completions, in seed order."""
@@ -85,8 +85,8 @@ class TinyBackend:
             by_cap.setdefault(row[3], []).append(r)
         results: list[Any] = [None] * len(rows)
         for cap, idx in by_cap.items():
-            for lo in range(0, len(idx), self.config.max_batch):
-                part = idx[lo : lo + self.config.max_batch]
+            for lo in range(0, len(idx), self.config.forward_rows):
+                part = idx[lo : lo + self.config.forward_rows]
                 samples = self.policy.sample([rows[r][1] for r in part], [rows[r][2] for r in part],
                                              temperature=sampling.temperature, top_p=sampling.top_p,
                                              max_new_tokens=cap)
@@ -106,7 +106,7 @@ class TinyBackend:
                 text, toks, lps, reason = text[:n], toks[:n], lps[:n], "stop"
                 break
         return Completion(text=text, token_ids=tuple(toks), logprobs=tuple(lps), prompt_token_ids=tuple(pids),
-                          finish_reason=reason, seed=seed, metadata={"weights_version": version})
+                          finish_reason=reason, seed=seed, policy_version=version)
 
     # ---- streaming (StreamingBackend) ---------------------------------------------------------------------------
     def submit(self, items: Sequence[tuple[int, GenerationRequest]], sampling: SamplingConfig) -> None:
@@ -132,7 +132,7 @@ class TinyBackend:
         """Decode ticks until at least one live row finishes; every finished ``(tag, completion)`` (``[]`` when
         nothing is in flight)."""
         while self._rows:
-            live = list(self._rows.items())[: self.config.slots]
+            live = list(self._rows.items())[: self.config.max_batch_size]
             self._tick([r for _, r in live])
             done = [(tag, r) for tag, r in live if r.done]
             if done:
@@ -156,8 +156,8 @@ class TinyBackend:
         for r in rows:
             groups.setdefault((len(r.pids) + len(r.toks), r.sampling.temperature, r.sampling.top_p), []).append(r)
         for (_, temp, top_p), grp in groups.items():
-            for lo in range(0, len(grp), self.config.max_batch):
-                part = grp[lo: lo + self.config.max_batch]
+            for lo in range(0, len(grp), self.config.forward_rows):
+                part = grp[lo: lo + self.config.forward_rows]
                 ids = torch.tensor([r.pids + r.toks for r in part], dtype=torch.long, device=self.policy.device)
                 seeds = np.asarray([r.seed for r in part], dtype=np.uint64)
                 u = uniform_from_seeds(seeds, stream=np.asarray([len(r.toks) for r in part], np.int64))

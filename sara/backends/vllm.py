@@ -75,8 +75,6 @@ class VLLMBackendConfig(SaraModel):
     engine: Literal["offline", "async"] = "offline"
     """``offline``: ``vllm.LLM`` (``generate`` only); ``async``: ``AsyncLLM`` on a background event loop
     (``VLLMAsyncBackend``: ``generate`` plus streaming ``submit`` / ``poll`` / ``abort``)."""
-    stream_slots: int | None = Field(None, ge=1)
-    """Completions a streaming driver keeps in flight (``engine=async``); ``None`` = the engine's ``max_num_seqs``."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra ``vllm.LLM(...)`` keyword arguments (e.g. ``tensor_parallel_size``)."""
     cache_dir: str | None = None
@@ -191,7 +189,7 @@ class VLLMBackend:
         reason = "length" if o.finish_reason == "length" else "stop"
         self.tokens_generated += len(toks)
         return Completion(text=o.text, token_ids=toks, logprobs=lps, prompt_token_ids=pids, finish_reason=reason,
-                          seed=seed, metadata={"weights_version": version})
+                          seed=seed, policy_version=version)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[list[Completion]]:
         """Return ``out[i]`` with ``requests[i].n`` completions, in seed order (one ``llm.generate`` call)."""
@@ -247,6 +245,10 @@ class VLLMBackend:
     def _reload(self, path: str) -> None:
         """Every worker reloads the weights file; the prefix cache is reset."""
         self.llm.collective_rpc("sara_load_weights", args=(path,))
+        self.llm.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the engine's cached prompt KV blocks (so no measurement reuses KV computed by an earlier one)."""
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

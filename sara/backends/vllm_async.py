@@ -20,15 +20,14 @@ is the only seed and a streamed completion depends on what else the engine was r
 
 Weights: ``update_weights`` is ``VLLMBackend``'s (one safetensors file, ``collective_rpc("sara_load_weights")`` on
 every worker, prefix cache reset), awaited on the loop. Requests in flight keep running across it: their later tokens
-come from the new weights over KV computed by the old ones; their ``metadata`` then has ``weights_version_first`` (the
-version when submitted) beside ``weights_version`` (the version when they finished). The prefix-cache reset is skipped
-by vLLM while requests run (it returns False); cached blocks of the old weights can then serve a later prompt.
+come from the new weights over KV computed by the old ones; their ``policy_version`` is the version when they were
+submitted. The prefix-cache reset is skipped by vLLM while requests run (it returns False); cached blocks of the old
+weights can then serve a later prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import queue
 import threading
@@ -47,10 +46,10 @@ class VLLMAsyncBackend(VLLMBackend):
 
     Args:
         model: A prepared model name or a local HF model directory (overrides ``options["model"]``).
-        **options: ``VLLMBackendConfig`` fields (``engine`` is set to ``async``; ``stream_slots`` sets ``slots``).
+        **options: ``VLLMBackendConfig`` fields (``engine`` is set to ``async``).
 
     Attributes:
-        slots: Completions a driver keeps in flight (``stream_slots``, else the engine's ``max_num_seqs``).
+        slots: The engine's capacity, its ``max_num_seqs`` (``engine_kwargs``), which a streaming driver keeps in flight.
     """
 
     def __init__(self, model: Any = None, **options: Any) -> None:
@@ -65,7 +64,7 @@ class VLLMAsyncBackend(VLLMBackend):
         self._ids = itertools.count()
         super().__init__(model, **options)
         sched = self.llm.vllm_config.scheduler_config
-        self.slots = int(self.config.stream_slots or sched.max_num_seqs)
+        self.slots = int(sched.max_num_seqs)
 
     # ------------------------------------------------------------------------------------------------ engine
     def _run(self, coro: Any, timeout: float | None = None) -> Any:
@@ -85,6 +84,10 @@ class VLLMAsyncBackend(VLLMBackend):
             except BaseException:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 raise
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the engine's cached prompt KV blocks (on the engine's event loop)."""
+        self._run(self.llm.reset_prefix_cache())
 
     def _reload(self, path: str) -> None:
         async def reload() -> None:
@@ -162,9 +165,7 @@ class VLLMAsyncBackend(VLLMBackend):
     async def _stream_one(self, tag: int, seed: int, ids: list[int], params: Any, version: int) -> None:
         try:
             res = await self._one(f"sara-s{tag}-{next(self._ids)}", ids, params, tag)
-            c = self._completion(res.outputs[0], seed, tuple(res.prompt_token_ids or ()), self.version)
-            if version != self.version:
-                c = dataclasses.replace(c, metadata={**c.metadata, "weights_version_first": version})
+            c = self._completion(res.outputs[0], seed, tuple(res.prompt_token_ids or ()), version)
             self._done.put((tag, c))
         except asyncio.CancelledError:
             raise

@@ -4,7 +4,7 @@ Every allocator runs on the same pool, the same prompt order and the same per-ro
 function of the rollout seed), so ratios are paired comparisons measured in one run. DS is always measured as the
 reference (added if not asked for).
 
-Multi-step mode (``epochs`` / ``drift``): the same allocator and sampler run ``ceil(epochs * pool_size /
+Multi-step mode (``pool_epochs`` / ``drift``): the same allocator and sampler run ``ceil(pool_epochs * pool_size /
 target_groups)`` steps over one pool while success rates drift as a policy's would (``drift_rates``: prompts trained in
 an effective group improve fastest). A spec may carry its own sampler as ``spec@sampler`` (e.g.
 ``sara:prior=history@predictive``); others use ``sampler``, except the reference, which samples uniformly (the
@@ -29,13 +29,14 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from sara.allocators import compose, make_allocator, make_sampler
-from sara.allocators.samplers import PromptSampler
+from sara.allocators import compose, make_allocator
 from sara.bench.summary import group_ratios
-from sara.collect import WrongAbandons, collect
 from sara.config import SaraModel
+from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
 from sara.metrics import save_figure
+from sara.samplers import PromptSampler, UniformSampler, make_sampler
+from sara.step import WrongAbandons
 from sara.types import CollectStats
 
 __all__ = ["AllocationBenchConfig", "AllocatorResult", "OracleSampler", "compare_on_env", "run_allocation_bench",
@@ -56,15 +57,16 @@ class AllocationBenchConfig(SaraModel):
     pool_size: int = Field(20_000, ge=1)
     """Prompts per simulated pool."""
     steps: int = Field(1, ge=1)
-    """Collection steps per seed (ignored in multi-step mode, see ``epochs``)."""
-    allocators: tuple[str, ...] = Field(("uniform", "ds", "sara:tau_low=0.45,probe=1"), min_length=1)
+    """Collection steps per seed (ignored in multi-step mode, see ``pool_epochs``)."""
+    allocators: tuple[str, ...] = Field(("uniform", "ds", "sara"), min_length=1)
     """Allocator specs to compare; a spec may carry its own sampler as ``spec@sampler``."""
     sampler: str = "uniform"
     """Prompt sampler spec of every allocator without ``@`` (the reference samples uniformly unless written with ``@``)."""
     reference: str = "ds"
     """The reference allocator of the ratios (added to the run if not among ``allocators``)."""
-    epochs: float | None = Field(None, gt=0.0)
-    """Multi-step mode: ``ceil(epochs x pool_size / target_groups)`` steps over the same pool; reports starvation."""
+    pool_epochs: float | None = Field(None, gt=0.0)
+    """Multi-step mode: ``ceil(pool_epochs x pool_size / target_groups)`` steps over the same pool (passes over the
+    prompt pool); reports starvation."""
     drift: float = Field(0.0, ge=0.0)
     """Per-step drift of success rates on the logit scale, larger for trained prompts (``drift_rates``)."""
 
@@ -135,8 +137,6 @@ def compare_on_env(specs: Sequence[str], make_env: Callable[[int], Any], *, pool
                    seeds: int, k: int) -> list[dict[str, Any]]:
     """One collection step per spec and seed on ``make_env(seed)`` (same pools, same rollout seeds): rollouts and
     tokens per effective group, wrong-abandon rate and waste per spec, with ratios relative to the first spec."""
-    from sara.allocators.samplers import UniformSampler
-
     rows = []
     for spec in specs:
         stats = []
@@ -152,8 +152,9 @@ def compare_on_env(specs: Sequence[str], make_env: Callable[[int], Any], *, pool
 
 
 def num_steps(cfg: AllocationBenchConfig) -> int:
-    """Steps per seed: ``ceil(epochs * pool_size / target_groups)`` in multi-step mode, else ``steps``."""
-    return cfg.steps if cfg.epochs is None else max(1, math.ceil(cfg.epochs * cfg.pool_size / cfg.target_groups))
+    """Steps per seed: ``ceil(pool_epochs * pool_size / target_groups)`` in multi-step mode, else ``steps``."""
+    return cfg.steps if cfg.pool_epochs is None else max(1, math.ceil(cfg.pool_epochs * cfg.pool_size /
+                                                                      cfg.target_groups))
 
 
 def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[CollectStats], np.ndarray]:
@@ -188,7 +189,7 @@ def _aggregate(spec: str, runs: list[tuple[list[CollectStats], np.ndarray]]) -> 
     flat = [s for seed_stats in per_seed for s in seed_stats]
 
     def tot(name: str) -> float:
-        return float(sum(getattr(s, name) or 0 for s in flat))
+        return float(sum(s.__dict__[name] or 0 for s in flat))
 
     reasons: dict[str, int] = {}
     for s in flat:
@@ -238,7 +239,7 @@ def format_table(report: dict[str, Any]) -> str:
             ("× DS", "ratio_vs_ds", "{:.3f}"), ("tokens × DS", "token_ratio_vs_ds", "{:.3f}"),
             ("wrong-abandon", "wrong_abandon_rate", "{:.3f}"), ("waste", "waste_fraction", "{:.3f}"),
             ("rounds/step", "rounds_per_step", "{:.1f}"), ("µs/decision", "allocator_seconds_per_decision", "{:.3f}")]
-    if report["config"].get("epochs") is not None:
+    if report["config"].get("pool_epochs") is not None:
         cols += [("never drawn", "starvation_rate", "{:.3f}"), ("never revisited", "never_revisited_rate", "{:.3f}")]
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in report["results"]:

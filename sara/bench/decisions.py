@@ -12,12 +12,13 @@ from sara.allocators import make_allocator
 __all__ = ["run_decision_bench"]
 
 
-def run_decision_bench(units: int = 1_000_000, rounds: int = 4, k: int = 8, spec: str = "sara:tau_low=0.45",
+def run_decision_bench(units: int = 1_000_000, rounds: int = 4, k: int = 8, spec: str = "sara",
                        seed: int = 0) -> dict[str, Any]:
-    """Admit ``units`` prompts, then time ``rounds`` rounds of plan + observe (one 0/1 reward per unit per round).
+    """Admit ``units`` prompts, then time ``rounds`` synchronous rounds of dispatch + finished (one 0/1 reward per
+    dispatched rollout).
 
-    Returns decisions per second over the observe calls (each probing unit gets one decision per round) and over
-    plan + observe together.
+    Returns decisions per second over the ``finished`` calls (each probing unit gets one decision per round) and over
+    dispatch + finished together.
     """
     rng = np.random.default_rng(seed)
     allocator = make_allocator(spec, k=k)
@@ -28,16 +29,15 @@ def run_decision_bench(units: int = 1_000_000, rounds: int = 4, k: int = 8, spec
     decisions = 0
     for _ in range(rounds):
         t0 = time.perf_counter()
-        ids, counts = allocator.plan()
+        flat = allocator.dispatch(units * k)
         t_plan = time.perf_counter() - t0
-        flat = np.repeat(ids, counts)
         rewards = (rng.random(len(flat)) < rates[flat]).astype(np.float64)
         before = allocator.metrics()["alloc/decisions"]
         t1 = time.perf_counter()
-        allocator.observe(flat, rewards)
+        allocator.finished(flat, rewards)
         t2 = time.perf_counter()
         decisions += int(allocator.metrics()["alloc/decisions"] - before)
         t_obs += t2 - t1
         t_all += t_plan + (t2 - t1)
     return {"units": units, "rounds": rounds, "k": k, "allocator": spec, "decisions": decisions,
-            "decisions_per_second": decisions / t_obs, "decisions_per_second_with_plan": decisions / t_all}
+            "decisions_per_second": decisions / t_obs, "decisions_per_second_with_dispatch": decisions / t_all}

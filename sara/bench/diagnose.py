@@ -1,10 +1,10 @@
 """Where an allocator's rollouts go, and how much learning signal they buy (``sara bench`` diagnosis, issue 12).
 
-``AllocationDiagnostics`` is a collect observer that splits every step's rollouts into committed / abandoned /
+``AllocationDiagnostics`` is a driver observer that splits every step's rollouts into committed / abandoned /
 saturated (a complete unmixed group, discarded) / in flight at the step's end (probing units cut off when the target
 was reached, discarded), records each committed group's success rate ``q`` and its GRPO signal ``sqrt(q (1 - q))``
 (a group's sum of |advantage| is ``2 k sqrt(q (1 - q))``), and counts wrong abandons: on a simulator from its
-counterfactual, on a real environment by finishing the abandoned groups offline with the seeds ``collect`` would have
+counterfactual, on a real environment by finishing the abandoned groups offline with the seeds the driver would have
 used (``finish=True``; analysis rollouts, not counted in the step).
 
 ``diagnose_policy`` runs allocator specs on a frozen policy (optionally after training it a few steps with the run's
@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from sara.collect import CollectObserver, StepState, collect
+from sara.driver import collect
 from sara.seeding import derive_seeds
+from sara.step import CollectObserver, Counterfactual, StepState
 from sara.types import Decision, RolloutRequest
 
 __all__ = ["AllocationDiagnostics", "diagnose_policy", "estimate_rates", "population_figures", "summarize"]
@@ -50,7 +51,7 @@ class AllocationDiagnostics(CollectObserver):
 
     def _wrong(self, state: StepState, ab: np.ndarray) -> int:
         pool, occ = state.pool_index(ab), state.occurrence[ab]
-        if hasattr(self.env, "counterfactual_mixed"):
+        if isinstance(self.env, Counterfactual):
             seeds = derive_seeds(state.seed, state.step, pool[:, None], occ[:, None], np.arange(state.k)[None, :])
             return int(self.env.counterfactual_mixed(pool, seeds, state.eps).sum())
         if not self.finish or self.env is None:
@@ -131,8 +132,9 @@ def estimate_rates(env: Any, pool_index: np.ndarray, samples: int, *, seed: int 
 def population_figures(rates: np.ndarray, k: int) -> dict[str, dict[str, float]]:
     """Exact per-prompt figures of DS, the paper's rule (uniform prior, tau_low 0.45) and the optimal rule (fitted to
     ``rates`` as the population) on the population ``rates`` (probe 1, complete groups)."""
-    from sara.allocators.posteriors import p_effective
-    from sara.allocators.stopping import GridPrior, rule_figures, solve_rho
+    from sara.allocators.optimal import rule_figures, solve_rho
+    from sara.priors.grid import GridPrior
+    from sara.priors.posteriors import p_effective
 
     n = np.arange(k + 1)
     paper = np.asarray(p_effective(n, 0, k)) < 0.45
@@ -165,7 +167,8 @@ def diagnose_policy(config: Any, specs: Sequence[str], *, steps: int = 4, train_
         finish: Finish abandoned groups to count wrong abandons (extra analysis rollouts).
         seed: Seed of the diagnosis' rollouts and prompt order (apart from training's).
     """
-    from sara.allocators import compose, make_allocator, make_sampler
+    from sara.allocators import compose, make_allocator
+    from sara.samplers import make_sampler
     from sara.train import Trainer
 
     trainer = Trainer(config)

@@ -1,12 +1,13 @@
 """``sara bench generation``: generation throughput of allocators on a real backend, against one full batch.
 
 Every allocator spec runs ``steps`` collection steps of ``groups`` target groups on ONE backend instance (weights
-fixed, no training), with the same task prompts, prompt sampler seed and rollout seeds. A spec is run by
-``sara.collect.collect`` (synchronous rounds) or, with the ``+stream`` suffix, by ``sara.collect_stream`` (per-rollout
-decisions on a continuously batched engine), with ``+carry`` by ``sara.collect_stream`` with carry-over
-(``carry_lag``: open units and running rollouts move into the next step; such a spec runs its steps back to back,
-since what it leaves running belongs on the engine between its own steps; its last step carries nothing, as a training
-run's last step does, and what it has in flight then is aborted and counted). After each step, the step's delivered
+fixed, no training), with the same task prompts, prompt sampler seed and rollout seeds. The driver
+(``sara.driver.collect``) runs a spec in synchronous rounds, or, with a suffix, streaming: ``+stream`` (per-rollout
+decisions on a continuously batched engine), ``+fill`` (streaming with a fresh prompt for every idle slot,
+``DriverConfig.fill_idle``), ``+carry`` (streaming with carry-over, ``carry_lag``: open units and running rollouts
+move into the next step; such a spec runs its steps back to back, since what it leaves running belongs on the engine
+between its own steps; its last step carries nothing, as a training run's last step does, and what it has in flight
+then is aborted and counted). ``+carry+fill`` combines them. After each step, the step's delivered
 rollouts (same prompts, same seeds, same tree prefixes) are generated again as ONE ``backend.generate`` call: the
 engine's full-batch throughput on the same work, measured in the same run. Allocators are interleaved step by step
 (step 0 of every spec, then step 1, ...), so load that drifts during the run slows all of them alike.
@@ -19,7 +20,7 @@ Per allocator (``results[i]`` of the JSON report):
 
 * ``tokens_per_second``: generated tokens / wall seconds of the collection steps. Tokens include the partial tokens of
   rollouts the streaming driver aborted; seconds include prompt admission, allocator decisions and scoring (the
-  verifier), i.e. everything ``collect`` / ``collect_stream`` do. ``generate_seconds`` / ``score_seconds`` split the
+  verifier), i.e. everything the driver does. ``generate_seconds`` / ``score_seconds`` split the
   environment's time where the environment reports it.
 * ``full_batch_tokens_per_second``: tokens / seconds of the one-batch regeneration (generation only, no scoring);
   ``throughput_ratio`` = the first over the second (1.0 = the driver keeps the engine as busy as one full batch).
@@ -44,14 +45,13 @@ from pydantic import Field, field_validator
 
 from sara.bench.generation_report import finish_report, format_table, write_json
 from sara.config import ConfigError, SaraModel, parse_spec, validate_config
+from sara.envs.base import EnvWrapper, StreamingEnv
 
-__all__ = ["GenerationBenchConfig", "STREAM_SUFFIX", "DEFAULT_TASKS", "parse_allocators", "run_generation_bench",
+__all__ = ["GenerationBenchConfig", "DRIVER_SUFFIXES", "DEFAULT_TASKS", "parse_allocators", "run_generation_bench",
            "format_table", "write_json"]  # the last two live in sara.bench.generation_report
 
-STREAM_SUFFIX = "+stream"
-"""An allocator spec ending in this runs under ``collect_stream`` instead of ``collect``."""
-CARRY_SUFFIX = "+carry"
-"""An allocator spec ending in this runs under ``collect_stream`` with carry-over (``carry_lag``)."""
+DRIVER_SUFFIXES = ("stream", "fill", "carry")
+"""Suffixes of an allocator spec (``sara+stream``, ``sara+carry+fill``) that select a streaming driver."""
 BACKEND_NAMES = ("tiny", "hf", "vllm")
 DEFAULT_TASKS = {
     # the tiny policy on the task it was first tuned on (sara train's default before the mixture pool)
@@ -61,8 +61,9 @@ DEFAULT_TASKS = {
     "hf": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=17,shots=3",
     "vllm": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=17,shots=3",
 }
-SLOT_OPTIONS = {"tiny": "slots", "hf": "stream_slots", "vllm": "stream_slots"}
-"""The backend option ``--slots`` sets (the engine's concurrent completions when streaming)."""
+CAPACITY_OPTIONS = {"tiny": "max_batch_size", "hf": "max_batch_size"}
+"""The backend option ``--slots`` sets: the engine's capacity (rows decoded together), which a streaming driver keeps
+in flight; vLLM's is ``engine_kwargs.max_num_seqs``."""
 
 
 class GenerationBenchConfig(SaraModel):
@@ -72,13 +73,13 @@ class GenerationBenchConfig(SaraModel):
     """Backend spec: ``tiny``, ``hf`` or ``vllm``, with options (``hf:dtype=float32,max_batch_size=32``); the real
     backends load the prepared ``smollm2`` model unless ``model=`` is given."""
     allocators: list[str] = Field(default_factory=lambda: ["ds", "sara", "sara+stream", "sara+carry"])
-    """Allocator specs (``sara.allocators.make_allocator``), each optionally suffixed ``+stream`` (streaming driver)
-    or ``+carry`` (streaming driver with carry-over)."""
+    """Allocator specs (``sara.allocators.make_allocator``), each optionally suffixed to select a streaming driver
+    (``DRIVER_SUFFIXES``: ``+stream``, ``+fill``, ``+carry``)."""
     carry_lag: int = Field(1, ge=1)
-    """``+carry`` specs: steps a carried unit may lag (``collect_stream``'s ``carry_lag``)."""
+    """``+carry`` specs: steps a carried unit may lag (``DriverConfig.carry_lag``)."""
     complete_groups: bool = False
-    """Streaming specs: a step that reaches its target waits for the groups still being filled (``collect_stream``'s
-    ``complete_groups``) instead of committing them with fewer than k rollouts."""
+    """Streaming specs: a step that reaches its target waits for the groups still being filled
+    (``DriverConfig.complete_groups``) instead of committing them with fewer than k rollouts."""
     task: str | None = None
     """Task spec (None = ``DEFAULT_TASKS[backend]``)."""
     groups: int = Field(32, ge=1)
@@ -96,8 +97,8 @@ class GenerationBenchConfig(SaraModel):
     """An entry of ``allocators`` (``sara``, ``sara+carry``, ...) whose rollouts per effective group the others are
     compared with (``ratio_vs_reference``, paired per seed). None: no such column."""
     slots: int | None = Field(None, ge=1)
-    """Streaming: the engine's concurrent completions (``SLOT_OPTIONS[backend]``, unless the backend spec sets it)
-    and the rollouts the driver keeps in flight (``max_inflight``). None = the engine's default."""
+    """The engine's capacity (``CAPACITY_OPTIONS[backend]``, vLLM's ``max_num_seqs``, unless the backend spec sets
+    it), which streaming drivers keep in flight. None = the engine's default."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Generation cap (None = the task's suggestion)."""
     task_stop: bool = True
@@ -134,21 +135,32 @@ class GenerationBenchConfig(SaraModel):
 
 
 def split_driver(spec: str) -> tuple[str, str]:
-    """``"sara:tau_low=0.3+stream"`` -> ``("sara:tau_low=0.3", "stream")`` (``+carry`` -> ``"carry"``); without a
-    suffix the driver is ``"sync"``."""
-    spec = spec.strip()
-    for suffix, driver in ((STREAM_SUFFIX, "stream"), (CARRY_SUFFIX, "carry")):
-        if spec.endswith(suffix):
-            return spec[: -len(suffix)].strip(), driver
-    return spec, "sync"
+    """``"sara_paper:tau_low=0.3+stream"`` -> ``("sara_paper:tau_low=0.3", "stream")``; ``"sara+carry+fill"`` ->
+    ``("sara", "carry+fill")``; without a suffix the driver is ``"sync"``."""
+    base, *flags = [x.strip() for x in spec.strip().split("+")]
+    if any(f not in DRIVER_SUFFIXES for f in flags):
+        raise ConfigError(f"bench generation: field 'allocators': {spec!r}: a driver suffix must be one of "
+                          f"{', '.join('+' + f for f in DRIVER_SUFFIXES)}")
+    return base, "+".join(sorted(set(flags), key=DRIVER_SUFFIXES.index)) or "sync"
+
+
+def driver_config(driver: str, cfg: GenerationBenchConfig, last: bool) -> dict[str, Any]:
+    """The ``DriverConfig`` of a spec's driver label (``"sync"``, ``"stream"``, ``"carry+fill"``, ...) for one step
+    (``last``: the run's last step carries nothing)."""
+    if driver == "sync":
+        return {}
+    flags = driver.split("+")
+    return {"barrier": False, "fill_idle": "fill" in flags, "complete_groups": cfg.complete_groups,
+            "carry_lag": cfg.carry_lag if "carry" in flags and not last else 0}
 
 
 def parse_allocators(text: str) -> list[tuple[str, str]]:
-    """Parse the ``--allocators`` value: ``;``-separated allocator specs, each optionally suffixed ``+stream`` or
-    ``+carry``.
+    """Parse the ``--allocators`` value: ``;``-separated allocator specs, each optionally suffixed (``+stream``,
+    ``+fill``, ``+carry``).
 
     Returns:
-        ``[(allocator spec, driver), ...]`` with driver ``"sync"``, ``"stream"`` or ``"carry"``.
+        ``[(allocator spec, driver), ...]`` with driver ``"sync"`` or the suffixes joined (``"stream"``,
+        ``"carry+fill"``, ...).
 
     Raises:
         ConfigError: an empty list or an empty spec.
@@ -162,11 +174,11 @@ def parse_allocators(text: str) -> list[tuple[str, str]]:
     return [split_driver(p) for p in parts]
 
 
-class _Recorder:
-    """The environment ``collect`` sees: forwards rounds and records the decode steps each one needed."""
+class _Recorder(EnvWrapper):
+    """The environment the driver sees: forwards rounds and records the decode steps each one needed."""
 
     def __init__(self, env: Any) -> None:
-        self.env, self.prompts = env, env.prompts
+        super().__init__(env)
         self.tokens = self.decode_steps = 0
 
     def rollout(self, requests: Any) -> Any:
@@ -185,8 +197,10 @@ def _build(cfg: GenerationBenchConfig) -> tuple[Any, Any, str]:
     name, options = parse_spec(cfg.backend)
     task_spec = cfg.task or DEFAULT_TASKS[name]
     task = make_task(task_spec)
-    if cfg.slots is not None:
-        options.setdefault(SLOT_OPTIONS[name], cfg.slots)
+    if cfg.slots is not None and name in CAPACITY_OPTIONS:
+        options.setdefault(CAPACITY_OPTIONS[name], cfg.slots)
+    elif cfg.slots is not None:
+        options["engine_kwargs"] = {"max_num_seqs": cfg.slots, **options.get("engine_kwargs", {})}
     if name == "vllm" and any(split_driver(s)[1] != "sync" for s in cfg.allocators):
         options.setdefault("engine", "async")  # the streaming engine (AsyncLLM); sync specs use its generate
     if name == "tiny":
@@ -202,11 +216,9 @@ def _build(cfg: GenerationBenchConfig) -> tuple[Any, Any, str]:
 
 
 def _check_streaming(cfg: GenerationBenchConfig, backend: Any, env: Any) -> None:
-    """A ``ConfigError`` naming ``allocators`` when a ``+stream`` spec meets a backend that cannot stream."""
-    from sara.collect_stream import streams
-
+    """A ``ConfigError`` naming ``allocators`` when a streaming spec meets a backend that cannot stream."""
     streamed = [s for s in cfg.allocators if split_driver(s)[1] != "sync"]
-    if streamed and not streams(env):
+    if streamed and not isinstance(env, StreamingEnv):
         raise ConfigError(f"bench generation: field 'allocators': {streamed[0]!r} runs under the streaming driver "
                           f"and backend {cfg.backend!r} ({type(backend).__name__}) cannot stream (no submit / poll / "
                           "abort / inflight / slots); drop the '+stream' suffix or use a streaming backend")
@@ -233,16 +245,12 @@ def _full_batch(backend: Any, env: Any, result: Any) -> tuple[int, float]:
 
 
 def _reset_cache(backend: Any) -> None:
-    """Drop the backend's prompt / prefix cache (HF's ``reset_prefix_cache``, an offline vLLM engine's), so no
-    measurement reuses KV computed by an earlier one (the async vLLM engine's reset is a coroutine on its own loop:
-    skipped; see docs/backends.md)."""
-    import inspect
+    """Drop the backend's prompt / prefix cache (``PrefixCached``: hf, vllm), so no measurement reuses KV computed
+    by an earlier one."""
+    from sara.backends import PrefixCached
 
-    for fn in (getattr(backend, "reset_prefix_cache", None),
-               getattr(getattr(backend, "llm", None), "reset_prefix_cache", None)):
-        if fn is not None and not inspect.iscoroutinefunction(fn):
-            fn()
-            return
+    if isinstance(backend, PrefixCached):
+        backend.reset_prefix_cache()
 
 
 class _Run:
@@ -250,15 +258,16 @@ class _Run:
     machine whose load drifts during the benchmark slows every allocator alike)."""
 
     def __init__(self, cfg: GenerationBenchConfig, spec: str, driver: str, env: Any, seed: int) -> None:
-        from sara.allocators import compose, make_allocator, make_sampler
+        from sara.allocators import compose, make_allocator
+        from sara.samplers import make_sampler
 
         self.cfg, self.spec, self.driver, self.seed = cfg, spec, driver, seed
         allocator = make_allocator(spec, k=cfg.k)  # composed as sara.train does (per-component priors, ...)
         self.allocator, self.sampler = compose(
             allocator, make_sampler(cfg.sampler, len(env.prompts), seed=seed, k=allocator.k), prompts=env.prompts)
         self.rec = _Recorder(env)
-        self.carry: Any = None  # driver 'carry': what the last step left running
-        self.pending: list[Any] = []  # driver 'carry': steps whose full batch waits until nothing runs any more
+        self.carry: Any = None  # driver '+carry': what the last step left running
+        self.pending: list[Any] = []  # driver '+carry': steps whose full batch waits until nothing runs any more
         self.acc: dict[str, Any] = dict(
             spec=spec, driver=driver, tokens=0, rollouts=0, effective_groups=0, full_groups=0, aborted_rollouts=0,
             aborted_tokens=0, wall_seconds=0.0, full_batch_tokens=0, full_batch_seconds=0.0, inflight_seconds=0.0,
@@ -266,23 +275,16 @@ class _Run:
 
     def step(self, step: int, backend: Any, env: Any, log: Callable[[str], None] | None) -> None:
         """One timed collection step, then (once nothing it started runs any more) its rollouts as one full batch."""
-        from sara.collect import collect
+        from sara.driver import collect
 
         cfg, acc = self.cfg, self.acc
         _reset_cache(backend)
         m0 = env.metrics()
         t0 = time.perf_counter()
-        if self.driver != "sync":
-            from sara.collect_stream import collect_stream
-
-            last = step + 1 == cfg.steps  # a run's last step carries nothing over (as a training run's)
-            lag = cfg.carry_lag if self.driver == "carry" and not last else 0
-            res = collect_stream(self.allocator, env, self.sampler, target_groups=cfg.groups, max_inflight=cfg.slots,
-                                 seed=self.seed, step=step, carry=self.carry, carry_lag=lag,
-                                 complete_groups=cfg.complete_groups)
-            self.carry = res.carry
-        else:
-            res = collect(self.allocator, self.rec, self.sampler, target_groups=cfg.groups, seed=self.seed, step=step)
+        driver = driver_config(self.driver, cfg, last=step + 1 == cfg.steps)  # the last step carries nothing
+        res = collect(self.allocator, self.rec, self.sampler, target_groups=cfg.groups, seed=self.seed, step=step,
+                      driver=driver, carry=self.carry)
+        self.carry = res.carry
         wall = time.perf_counter() - t0
         m1 = env.metrics()
         st = res.stats
@@ -290,8 +292,7 @@ class _Run:
         acc["tokens"] += st.tokens + st.aborted_tokens
         acc["rollouts"] += st.rollouts
         acc["effective_groups"] += st.effective_groups
-        eps = getattr(self.allocator, "eps", 1e-6)
-        acc["full_groups"] += sum(1 for g in res.groups if g.size >= cfg.k and g.is_effective(eps))
+        acc["full_groups"] += sum(1 for g in res.groups if g.size >= cfg.k and g.is_effective(self.allocator.eps))
         acc["aborted_rollouts"] += st.aborted_rollouts
         acc["aborted_tokens"] += st.aborted_tokens
         acc["inflight_seconds"] += st.mean_inflight * wall
@@ -316,12 +317,13 @@ def _run_seed(cfg: GenerationBenchConfig, env: Any, backend: Any, seed: int,
               log: Callable[[str], None] | None) -> list[dict[str, Any]]:
     """Every spec at one seed: their totals, in ``cfg.allocators`` order."""
     runs = [_Run(cfg, spec, driver, env, seed) for spec, driver in (split_driver(s) for s in cfg.allocators)]
+    carries = [run for run in runs if "carry" in run.driver.split("+")]
     for step in range(cfg.steps):  # interleaved step by step, except specs that carry work over
         for run in runs:
-            if run.driver != "carry":
+            if run not in carries:
                 run.step(step, backend, env, log)
-    for run in runs:
-        for step in range(cfg.steps) if run.driver == "carry" else ():
+    for run in carries:
+        for step in range(cfg.steps):
             run.step(step, backend, env, log)
     return [run.acc for run in runs]
 
@@ -338,7 +340,7 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
         log: Called with one progress line per allocator step (e.g. ``print``).
 
     Raises:
-        ConfigError: invalid fields; a ``+stream`` spec on a backend that cannot stream.
+        ConfigError: invalid fields; a streaming spec on a backend that cannot stream.
     """
     from sara.envs.base import SamplingConfig
     from sara.envs.task_env import TaskEnv

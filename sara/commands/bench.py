@@ -23,14 +23,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=3, help="independent pools (seeds 0..N-1)")
     p.add_argument("--pool-size", type=int, default=20_000, help="prompts per simulated pool")
     p.add_argument("--steps", type=int, default=1, help="collection steps per seed")
-    p.add_argument("--allocators", default="uniform,ds,sara:tau_low=0.45,probe=1",
+    p.add_argument("--allocators", default="uniform;ds;sara",
                    help="allocator specs separated by ';' or ',' between specs (name:key=value,key=value)")
     p.add_argument("--sampler", default="uniform",
                    help="prompt sampler spec for every allocator (uniform | predictive[:key=value,...]); a spec may "
                         "carry its own as SPEC@SAMPLER; the reference DS samples uniformly unless written ds@SAMPLER; "
                         "SPEC@oracle is the floor (a sampler that knows the true success rates)")
-    p.add_argument("--epochs", type=float, default=None,
-                   help="multi-step mode: run ceil(epochs x pool-size / target-groups) steps over the same pool "
+    p.add_argument("--pool-epochs", type=float, default=None,
+                   help="multi-step mode: run ceil(pool-epochs x pool-size / target-groups) steps over the same pool "
                         "(overrides --steps); reports starvation")
     p.add_argument("--drift", type=float, default=0.0,
                    help="per-step drift of success rates on the logit scale, larger for trained prompts (see "
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--units", type=int, default=1_000_000)
     d.add_argument("--rounds", type=int, default=4)
     d.add_argument("--k", type=int, default=8)
-    d.add_argument("--allocator", default="sara:tau_low=0.45")
+    d.add_argument("--allocator", default="sara")
     d.set_defaults(func=_decisions)
 
     g = bsub.add_parser("generation", help="tokens/s and seconds per effective group of allocators on a real backend "
@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--backend", default="tiny", help="tiny | hf | vllm, with options (hf:dtype=float32,...)")
     g.add_argument("--allocators", default="ds;sara;sara+stream;sara+carry",
                    help="allocator specs separated by ';'; a spec ending in '+stream' runs under the streaming driver "
-                        "(sara.collect_stream) instead of synchronous rounds (sara.collect), one ending in '+carry' "
-                        "under the streaming driver with carry-over into the next step")
+                        "instead of synchronous rounds, '+fill' streams with a fresh prompt for every idle slot, "
+                        "'+carry' streams with carry-over into the next step ('+carry+fill' combines them)")
     g.add_argument("--carry-lag", type=int, default=1, help="'+carry' specs: steps a carried unit may lag")
     g.add_argument("--complete-groups", action="store_true", help="streaming specs: a step that reaches its target "
                    "waits for the groups still being filled instead of committing them with fewer than k rollouts")
@@ -70,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--reference", default=None, help="one of the --allocators specs (e.g. 'sara'): add the column "
                    "rollouts per effective group over its own, paired per seed")
     g.add_argument("--slots", type=int, default=None,
-                   help="rollouts the streaming driver keeps in flight (default: the engine's slots)")
+                   help="the engine's capacity (rows decoded together; vLLM: max_num_seqs), which the streaming driver "
+                        "keeps in flight (default: the backend's)")
     g.add_argument("--max-new-tokens", type=int, default=None, help="generation cap (default: the task's)")
     g.add_argument("--no-stop", dest="task_stop", action="store_false", help="ignore the task's stop strings: every "
                    "completion runs to --max-new-tokens (more decoding per rollout; scores unchanged on tasks that "
@@ -82,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def split_specs(text: str) -> list[str]:
     """Split a list of allocator specs. Specs are separated by ';', or by ',' when the next item starts a new spec
-    (contains no '=' before any ':'), so ``ds,sara:tau_low=0.45,probe=1`` is two specs."""
+    (contains no '=' before any ':'), so ``ds,sara_paper:tau_low=0.45,probe=1`` is two specs."""
     if ";" in text:
         return [s.strip() for s in text.split(";") if s.strip()]
     specs: list[str] = []
@@ -109,7 +110,7 @@ def _allocation(args: argparse.Namespace) -> int:
     cfg = validate_config(AllocationBenchConfig, dict(
         population=args.population, k=args.k, target_groups=args.target_groups, seeds=args.seeds,
         pool_size=args.pool_size, steps=args.steps, allocators=split_specs(args.allocators), sampler=args.sampler,
-        epochs=args.epochs, drift=args.drift), what="bench allocation")
+        pool_epochs=args.pool_epochs, drift=args.drift), what="bench allocation")
     report = run_allocation_bench(cfg)
     print(format_table(report))
     out = Path(args.out)

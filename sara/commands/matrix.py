@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps or (6 if args.quick else 20)
     base = load_config(args.config, [], base=apply_overrides(QUICK, []) if args.quick else None)
     if args.driver:
-        args.overrides = [*args.overrides, f"driver={args.driver}"]
+        args.overrides = [f"driver.barrier={str(args.driver == 'sync').lower()}", *args.overrides]
     base = load_config(None, args.overrides, base=base.model_dump())
     out = Path(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"))
     every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None

@@ -40,19 +40,20 @@ def run(args: argparse.Namespace) -> int:
 
     from sara.train import Trainer, default_threads, load_config
 
-    overrides = list(args.overrides)
-    if args.out:
-        overrides.append(f"out_dir={args.out}")
-    if args.quiet:
-        overrides.append("progress=false")
+    overrides = []  # the flags first, so a --set of the same section refines them (--driver stream --set driver.slots=8)
     if args.driver:
-        overrides.append(f"driver={args.driver}")
+        overrides.append(f"driver.barrier={str(args.driver == 'sync').lower()}")
     if args.ray:
         overrides.append("ray.enabled=true")
     if args.num_workers is not None:
         overrides.append(f"ray.num_workers={args.num_workers}")
     if args.ray_address:
         overrides.append(f"ray.address={args.ray_address}")
+    overrides += args.overrides
+    if args.out:
+        overrides.append(f"out_dir={args.out}")
+    if args.quiet:
+        overrides.append("progress=false")
     cfg = load_config(args.config, overrides)
     if args.print_config:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
@@ -87,19 +88,18 @@ def format_summary(s: Any, *, k: int) -> str:
         ("training steps", f"{s.steps}"),
         ("rollouts spent", f"{s.rollouts:,}"),
         ("tokens generated", f"{s.tokens:,}"),
-        ("tokens spent on abandoned prompts", f"{getattr(s, 'abandoned_tokens', 0):,}"),
+        ("tokens spent on abandoned prompts", f"{s.abandoned_tokens:,}"),
         ("effective-group fraction of the batch", f"{_pct(s.effective_fraction)} "
                                                   f"({s.effective_groups:,} of {s.committed_groups:,} groups)"),
         ("P(mixed) of a fresh prompt (estimated)", _pct(s.p_mixed)),
-        ("verifier errors / timeouts (rollouts scored 0)", f"{getattr(s, 'verifier_errors', 0):,} / "
-                                                            f"{getattr(s, 'verifier_timeouts', 0):,}"),
+        ("verifier errors / timeouts (rollouts scored 0)", f"{s.verifier_errors:,} / {s.verifier_timeouts:,}"),
     ]
     if not math.isnan(s.ds_rollouts_estimate) and s.ds_rollouts_estimate > 0:  # 0 when no group was effective
         rows += [
             ("DS would have spent (est.: k / P(mixed) per effective group)", f"{s.ds_rollouts_estimate:,.0f}"),
             ("rollouts saved vs DS (est.)", f"{saved:,.0f} ({_pct(saved / s.ds_rollouts_estimate)})"),
         ]
-        ds_tok = getattr(s, "ds_tokens_estimate", float("nan"))
+        ds_tok = s.ds_tokens_estimate
         if not math.isnan(ds_tok) and ds_tok > 0:
             rows.append(("tokens saved vs DS (est., same tokens per rollout)",
                          f"{ds_tok - s.tokens:,.0f} ({_pct((ds_tok - s.tokens) / ds_tok)})"))

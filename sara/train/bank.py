@@ -8,8 +8,8 @@ opens the next step's batch, whose collection then only needs what is missing, s
 become more optimizer steps at the same rollout budget.
 
 Lag is bounded by one weight update: every banked group is trained in the very next step (if the bank ever holds more
-than a batch, that batch grows rather than waiting). A banked rollout is stamped with the step that generated it
-(``Rollout.metadata["policy_step"]``), so the learner trains it with its generator's log-probs as old log-probs
+than a batch, that batch grows rather than waiting). A banked rollout carries the weights version that generated it
+(``Rollout.policy_version``), so the learner trains it with its generator's log-probs as old log-probs
 (``sara.train.learner.make_batch``: stale rows), as it does for the streaming driver's carried rollouts. The run's
 last step (or the one that spends the rollout budget) banks nothing (``flush``): no rollout is left untrained. A checkpoint holds the bank (``state_dict``: rollouts with their token ids and log-probs; prompts by pool
 index), so a run resumed from any checkpoint trains the same batches as the uninterrupted one.
@@ -55,12 +55,12 @@ class SurplusBank:
         so every step collects and the sampler, the prior and the budget move on)."""
         return max(1, self.batch_groups - len(self.groups))
 
-    def batch(self, fresh: Sequence[Group], step: int, *, flush: bool = False) -> list[Group]:
+    def batch(self, fresh: Sequence[Group], *, flush: bool = False) -> list[Group]:
         """This step's training batch from the banked groups and the step's ``fresh`` committed groups.
 
         Every banked group is in it (oldest first), then fresh groups up to ``batch_groups``; the rest of the fresh
-        ones are banked (stamped with ``step``, the weights that generated them) unless ``flush`` or mode ``'train'``,
-        which train everything now. Groups are renumbered ``0..n-1`` in batch order.
+        ones are banked unless ``flush`` or mode ``'train'``, which train everything now. Groups are renumbered
+        ``0..n-1`` in batch order.
         """
         fresh = list(fresh)
         if self.mode == "train" or flush:
@@ -69,7 +69,7 @@ class SurplusBank:
             room = max(0, self.batch_groups - len(self.groups))
             take, keep = fresh[:room], fresh[room:]
         out = [*self.groups, *take]
-        self.groups = [_stamp(g, step) for g in keep]
+        self.groups = keep
         return [dataclasses.replace(g, group_id=i) for i, g in enumerate(out)]
 
     def state_dict(self) -> dict[str, Any]:
@@ -85,10 +85,3 @@ class SurplusBank:
                              pool_index=int(g["pool_index"]), decision=Decision(int(g["decision"])),
                              metadata=dict(g["metadata"]), rollouts=tuple(Rollout(**r) for r in g["rollouts"]))
                        for g in state.get("groups", [])]
-
-
-def _stamp(group: Group, step: int) -> Group:
-    """``group`` with every rollout tagged with the step that generated it (a carried rollout keeps its older tag)."""
-    rollouts = tuple(r if "policy_step" in r.metadata
-                     else dataclasses.replace(r, metadata={**r.metadata, "policy_step": step}) for r in group.rollouts)
-    return dataclasses.replace(group, rollouts=rollouts)

@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sara.backends.ray.config import RayTrainOptions
 from sara.config import ConfigError, SaraModel, parse_spec, validate_config
+from sara.driver import DriverConfig
 
 __all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads"]
 
@@ -98,11 +99,13 @@ class TrainConfig(SaraModel):
     algo: str = "grpo"
     """Algorithm spec, e.g. ``"grpo"``, ``"ppo:lam=0.95"`` (see ``sara.algos.ALGOS``)."""
     allocator: str = "sara"
-    """Allocator spec, e.g. ``"sara:tau_low=0.45"``, ``"ds"``, ``"uniform"`` (see ``sara.allocators``)."""
+    """Allocator spec, e.g. ``"sara"``, ``"sara_paper:tau_low=0.45"``, ``"ds"``, ``"uniform"`` (see
+    ``sara.allocators``)."""
     sampler: str = "uniform"
     """Prompt sampler spec (see ``sara.allocators.SAMPLERS``)."""
     k: int = Field(8, ge=2)
-    """Group size (rollouts per prompt when a group is complete)."""
+    """Group size (rollouts per prompt when a group is complete): the one source of ``k`` for the allocator, the
+    sampler and the DS estimate (an allocator or sampler spec that sets another ``k`` is an error)."""
     groups_per_step: int = Field(32, ge=1)
     """Committed groups wanted per step (the training batch, in groups)."""
     max_rollouts_per_step: int | None = Field(None, ge=1)
@@ -117,21 +120,13 @@ class TrainConfig(SaraModel):
     """Generation cap (None = the task's suggestion)."""
     scorer: Literal["auto", "thread", "process", "inline"] = "auto"
     """How the verifier runs (see ``sara.envs.TaskEnv``)."""
-    driver: Literal["sync", "stream"] = "sync"
-    """Collection driver: 'sync' = ``sara.collect`` (synchronous batched rounds), 'stream' = ``sara.collect_stream``
-    (rollout by rollout on a streaming backend: tiny, hf, vllm; rollouts still in flight when a step ends are aborted
-    and counted unless ``carry_lag`` carries them over). DS and uniform stream whole groups; allocators without the
-    streaming API (sara_tree) run in rounds over the stream. See docs/streaming.md."""
-    stream_slots: int | None = Field(None, ge=1)
-    """driver 'stream': rollouts kept in flight at most (None = the backend's ``slots``)."""
-    complete_groups: bool = False
-    """driver 'stream': when a step reaches its target, wait for the groups still being filled instead of committing
-    them with fewer than k rollouts (``sara.collect_stream``'s ``complete_groups``)."""
-    carry_lag: int = Field(0, ge=0)
-    """driver 'stream': carry open units and their running rollouts into the next step while their oldest rollout is
-    at most this many weight updates old when trained on (0 = abort and discard them at the step's end). Stale
-    rollouts are trained with the generator's log-probs as old log-probs (the clipped ratio corrects their age). A
-    step that writes a checkpoint, and the run's last step, carry nothing, so resuming reproduces the run."""
+    driver: DriverConfig = Field(default_factory=DriverConfig)
+    """How collection runs (``sara.driver.DriverConfig``): synchronous rounds (the default), or streaming rollout by
+    rollout on a streaming backend (tiny, hf, vllm) with ``barrier: false`` (``sara train --driver stream``; the
+    strings ``sync`` / ``stream`` are shorthands), with its options ``slots``, ``carry_lag``, ``complete_groups``,
+    ``fill_idle``. Carried rollouts are trained with the generator's log-probs as old log-probs (the clipped ratio
+    corrects their age); a step that writes a checkpoint, and the run's last step, carry nothing, so resuming
+    reproduces the run. See docs/streaming.md."""
     surplus: Literal["bank", "train"] = "bank"
     """Committed groups a step produces beyond ``groups_per_step`` (sara's drained units, a stream's last arrivals,
     DS's whole rounds): 'bank' keeps them for the next step's batch, which then collects only what is missing (the
@@ -160,6 +155,13 @@ class TrainConfig(SaraModel):
     tensorboard: bool | None = None
     """Write TensorBoard events (None = when installed)."""
 
+    @field_validator("driver", mode="before")
+    @classmethod
+    def _driver_shorthand(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip() in ("sync", "stream"):
+            return {"barrier": v.strip() == "sync"}
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _tiny_defaults(cls, data: Any) -> Any:
@@ -178,12 +180,10 @@ class TrainConfig(SaraModel):
                 raise ValueError(f"field '{field}': {exc}") from None
         for field in ("policy", "backend"):
             self.component(field)  # type: ignore[arg-type]
-        if self.complete_groups and self.driver != "stream":
-            raise ValueError("field 'complete_groups': needs driver 'stream' (set driver=stream, or "
-                             "complete_groups=false); synchronous rounds always complete their groups")
-        if self.carry_lag and self.driver != "stream":
-            raise ValueError(f"field 'carry_lag': {self.carry_lag} needs driver 'stream' (set driver=stream, or "
-                             "carry_lag=0)")
+        for field, options in (("allocator", parse_spec(self.allocator)[1]), ("sampler", parse_spec(self.sampler)[1])):
+            if "k" in options and options["k"].strip() != str(self.k):
+                raise ValueError(f"field '{field}': sets k={options['k']} but the run's k is {self.k}; drop k from "
+                                 f"the {field} spec (the group size comes from the field 'k')")
         return self
 
     def component(self, field: Literal["policy", "backend"]) -> tuple[str, dict[str, Any]]:

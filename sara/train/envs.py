@@ -1,6 +1,6 @@
 """The trainer's environments: the training env (``TaskEnv``, or ``TreeTaskEnv`` for tree allocators that send node
 handles) and the held-out evaluation envs (sampled and greedy), all on one backend and one shared scorer; and the
-check that the chosen collection driver (``TrainConfig.driver``) can drive the training env."""
+check that the chosen driver mode (``TrainConfig.driver``) can drive the training env."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ def make_envs(cfg: Any, task: Any, backend: Any, sampling: Any, scorer: Any, all
         ConfigError: a tree allocator that continues partial traces on a chat task the backend cannot render, or
             ``driver: stream`` on an environment that cannot stream (naming the field).
     """
-    from sara.collect_stream import streams
-    from sara.envs.base import SamplingConfig
-    from sara.envs.task_env import TaskEnv
+    from sara.allocators.tree import TreeSARAAllocator
+    from sara.envs.base import SamplingConfig, StreamingEnv
+    from sara.envs.task_env import ChatRenderer, TaskEnv
     from sara.envs.tree import TreeTaskEnv
 
     # Tree allocators that send node handles need the environment that turns them into partial traces (on a chat
     # task, rendered to text by the backend's chat template so a trace can be appended).
-    if getattr(allocator.config, "node_prefix", False):
-        render = getattr(backend, "render_chat", None)
+    if isinstance(allocator, TreeSARAAllocator) and allocator.config.node_prefix:
+        render = backend.render_chat if isinstance(backend, ChatRenderer) else None
         if task.chat and render is None:
             raise ConfigError(f"train config: field 'allocator': {cfg.allocator!r} continues partial traces, and "
                               f"task {task.id!r} renders chat messages that backend {cfg.backend!r} cannot "
@@ -34,10 +34,10 @@ def make_envs(cfg: Any, task: Any, backend: Any, sampling: Any, scorer: Any, all
         env = TreeTaskEnv(task, backend, sampling, scorer=scorer, render_chat=render)
     else:
         env = TaskEnv(task, backend, sampling, scorer=scorer)
-    if cfg.driver == "stream" and not streams(env):
+    if not cfg.driver.barrier and not isinstance(env, StreamingEnv):
         why = (f"the tree environment of {cfg.allocator!r} (node_prefix) runs in rounds" if isinstance(env, TreeTaskEnv)
                else f"backend {cfg.backend!r} ({type(backend).__name__}) cannot stream")
-        raise ConfigError(f"train config: field 'driver': 'stream' needs a streaming environment and {why}; use "
+        raise ConfigError(f"train config: field 'driver': streaming needs a streaming environment and {why}; use "
                           "driver=sync, or a backend that streams (tiny, hf, vllm; see docs/streaming.md)")
     eval_env = greedy_env = None
     if task.eval_prompts:

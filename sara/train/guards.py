@@ -14,8 +14,8 @@ import signal
 import threading
 from typing import Any
 
-from sara.collect import CollectObserver
 from sara.config import SaraError
+from sara.step import CollectObserver
 
 __all__ = ["StopSignals", "VerifierHealth", "VerifierFailure"]
 

@@ -3,7 +3,7 @@
 Unit-testable without a generation backend or an environment: give it a policy, an ``AlgoSpec`` and groups of
 rollouts that carry token ids. ``train_step`` calls its three phases by name so each is timed:
 
-    batch = learner.make_batch(groups)                       # pad prompt + response tokens, grouped by id
+    batch = learner.make_batch(groups, version=v)            # pad prompt + response tokens, grouped by id
     advantages, returns, extra = learner.advantages(batch)   # rollout-time log-probs / values, then the estimator
     metrics = learner.update(batch, advantages, returns, extra, step=step)   # epochs x mini-batches
 
@@ -39,7 +39,7 @@ class Batch:
     rewards: Any  # [N]
     group_ids: Any  # [N]
     gen_logprobs: Any  # [N, R] log-probs reported by the generator
-    stale: Any = None  # [N] bool: started under older weights than the step's (carried over); None = none
+    stale: Any = None  # [N] bool: started under older weights than the learner's (banked, carried); None = none
 
     def rows(self, idx: Any) -> Batch:
         """The sub-batch of rollouts ``idx`` (a mini-batch)."""
@@ -51,11 +51,11 @@ class Batch:
                      None if self.stale is None else self.stale[idx])
 
 
-def make_batch(groups: Sequence[Any], device: Any = "cpu", step: int | None = None) -> Batch | None:
+def make_batch(groups: Sequence[Any], device: Any = "cpu", version: int | None = None) -> Batch | None:
     """Pad prompt + response tokens of the rollouts of ``groups`` (grouped by id, any group size); None if empty.
 
-    With ``step``, a rollout whose ``metadata["policy_step"]`` (set by a carrying streaming driver) is older is marked
-    ``stale`` (``Batch.stale``).
+    With ``version`` (the weights the learner holds), a rollout generated under an older ``Rollout.policy_version``
+    (a banked group, a carried rollout) is marked ``stale`` (``Batch.stale``).
 
     Raises:
         RuntimeError: a rollout without prompt or completion token ids (the backend must return them).
@@ -91,7 +91,8 @@ def make_batch(groups: Sequence[Any], device: Any = "cpu", step: int | None = No
     rewards = torch.tensor([r.reward for _, r in rows], dtype=torch.float32, device=device)
     gids = torch.tensor([gid for gid, _ in rows], dtype=torch.long, device=device)
     # a stale rollout without generator log-probs keeps the trainer's (nothing to correct with)
-    old = [step is not None and bool(r.logprobs) and r.metadata.get("policy_step", step) < step for _, r in rows]
+    old = [version is not None and bool(r.logprobs) and r.policy_version is not None and r.policy_version < version
+           for _, r in rows]
     stale = torch.tensor(old, dtype=torch.bool, device=device) if any(old) else None
     return Batch(tokens, resp_index.to(device), resp_mask.to(device), rewards, gids, gen_lp.to(device), stale)
 
@@ -147,9 +148,9 @@ class Learner:
         return lr_at(self.optim, self.optimizer_steps, self.horizon)
 
     # ------------------------------------------------------------------------------------------------ phases
-    def make_batch(self, groups: Sequence[Any], step: int | None = None) -> Batch | None:
-        """``make_batch`` on the policy's device (``step``: mark older rollouts stale)."""
-        return make_batch(groups, self.device, step)
+    def make_batch(self, groups: Sequence[Any], version: int | None = None) -> Batch | None:
+        """``make_batch`` on the policy's device (``version``: mark rollouts of older weights stale)."""
+        return make_batch(groups, self.device, version)
 
     def advantages(self, b: Batch) -> tuple[Any, Any, dict[str, Any]]:
         """Rollout-time log-probs (policy, reference) and values without gradient, then the algorithm's estimator.

@@ -53,13 +53,15 @@ class Trainer:
         import torch
 
         from sara.algos import make_algo
-        from sara.allocators import compose, make_allocator, make_sampler
-        from sara.allocators.grouped import prompt_groups
+        from sara.allocators import compose, make_allocator
+        from sara.allocators.sequential import SequentialAllocator
         from sara.backends import BACKENDS
         from sara.envs.base import SamplingConfig
         from sara.envs.tasks import make_task
         from sara.envs.tasks.scoring import BatchScorer
         from sara.policies import POLICIES
+        from sara.priors.grouped import prompt_groups
+        from sara.samplers import make_sampler
         from sara.train.envs import make_envs
 
         cfg = config if isinstance(config, TrainConfig) else validate_config(TrainConfig, dict(config or {}),
@@ -83,7 +85,7 @@ class Trainer:
             backend_factory = ray_backend_factory(backend_factory, cfg.ray)
         self.policy = policy_factory({**policy_options, **({"value_head": True} if self.algo.needs_critic else {})},
                                      task=self.task, seed=cfg.seed, verbose=verbose)
-        if self.algo.needs_critic and not getattr(self.policy, "has_value_head", False):
+        if self.algo.needs_critic and not self.policy.has_value_head:
             raise ConfigError(f"train config: field 'policy': algorithm {self.algo.name!r} needs a value head and "
                               f"policy {cfg.policy!r} has none")
         epochs = cfg.optim.epochs or self.algo.epochs
@@ -99,21 +101,22 @@ class Trainer:
         self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
                                                              self.allocator)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
-        sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=self.allocator.k)
+        sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=cfg.k)
         self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts)
         self.bank = SurplusBank(cfg.groups_per_step, cfg.surplus)  # committed groups beyond the batch (bank.py)
         self.step = 0
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
         # Every closed unit's (group, n, s, effective): the DS estimate, fitted per group as the allocator's prior is.
-        self.outcomes = OutcomeCounts(cfg.k, labels=prompt_groups(self.allocator))
+        self.outcomes = OutcomeCounts(cfg.k, labels=prompt_groups(
+            self.allocator.prior if isinstance(self.allocator, SequentialAllocator) else None))
         self.evals: list[dict[str, float]] = []
         self.wall_seconds = 0.0
         self.resumed_from: Path | None = None
         self.skipped_checkpoints: list[str] = []  # newer checkpoints --resume could not use, and why
         self.last_checkpoint: Path | None = None
         self._saved_step = -1
-        self._carry: Any = None  # driver 'stream' with carry_lag: what the last step handed on (never checkpointed)
+        self._carry: Any = None  # streaming with carry_lag: what the last step handed on (never checkpointed)
         self._horizon = cfg.steps  # the running train() call's last step (no carry out of it)
         if resume:
             from sara.train.checkpoint import resume_checkpoint
@@ -136,28 +139,25 @@ class Trainer:
     # ---------------------------------------------------------------------------------------------- the step
     def train_step(self) -> dict[str, float]:
         """One step: collect -> advantages -> loss -> optimizer step(s) -> weight sync -> metrics."""
-        from sara.collect import collect
-        from sara.collect_stream import collect_stream
+        from sara.driver import collect
 
         cfg, timer, learner = self.config, PhaseTimer(), self.learner
         with timer("step"):
-            # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies in batched rounds
-            # (driver 'stream': rollout by rollout on a streaming backend, sara.collect_stream).
+            # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies them (in synchronous
+            # rounds, or rollout by rollout on a streaming backend: sara.driver).
             with timer("collect"):
-                stream = ({"max_inflight": cfg.stream_slots, "carry": self._carry, "carry_lag": self._carry_lag(),
-                           "complete_groups": cfg.complete_groups} if cfg.driver == "stream" else None)
-                result = (collect_stream if stream else collect)(
-                    self.allocator, self.env, self.sampler, target_groups=self.bank.need(),
-                    max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, observers=[self.verifier_health],
-                    **(stream or {}))
+                driver = cfg.driver.model_copy(update={"carry_lag": self._carry_lag()})
+                result = collect(self.allocator, self.env, self.sampler, target_groups=self.bank.need(), driver=driver,
+                                 max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, carry=self._carry,
+                                 observers=[self.verifier_health], policy_version=self.version)
                 self._carry = result.carry
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
             # 2. Advantages: the batch (banked surplus + this step's groups), rollout-time log-probs (old, reference),
             # values, then the algorithm's estimator.
             with timer("advantages"):
                 last = self.step + 1 >= self._horizon or self.budget_spent(pending=result.stats.rollouts)
-                groups = self.bank.batch(result.groups, self.step, flush=last)
-                batch = learner.make_batch(groups, step=self.step)
+                groups = self.bank.batch(result.groups, flush=last)
+                batch = learner.make_batch(groups, version=self.version)
                 advantages, returns, extra = learner.advantages(batch) if batch is not None else (None, None, {})
             # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
             with timer("update"):
@@ -238,11 +238,11 @@ class Trainer:
         holds no carried work, so a resumed run equals the uninterrupted one)."""
         cfg, nxt = self.config, self.step + 1
         boundary = (cfg.checkpoint_every and nxt % cfg.checkpoint_every == 0) or nxt >= self._horizon
-        return 0 if boundary else cfg.carry_lag
+        return 0 if boundary else cfg.driver.carry_lag
 
     def release_carry(self) -> None:
         """Abort the rollouts the last step left running for the next one (before a checkpoint, at the run's end)."""
-        from sara.collect_stream import release_carry
+        from sara.driver import release_carry
 
         if self._carry is not None:
             release_carry(self.env, self._carry)
@@ -268,7 +268,7 @@ class Trainer:
         out["env/group_size_mean"] = float(np.mean([g.size for g in result.groups])) if result.groups else 0.0
         self.outcomes.record(all_groups)
         for key in ("rollouts", "tokens", "abandoned_tokens", "committed_groups", "effective_groups"):
-            self.totals[key] += getattr(st, key)
+            self.totals[key] += st.__dict__[key]
         return out
 
     def _cumulative(self) -> dict[str, float]:

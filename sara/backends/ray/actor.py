@@ -13,11 +13,10 @@ from typing import Any
 
 from sara.backends.ray.config import Factory
 from sara.config import ConfigError
-from sara.envs.base import Completion
+from sara.envs.base import Completion, StreamingBackend, StreamingEnv
 
 __all__ = ["StaleWeightsError", "WorkerFailedError", "Worker", "build_object", "MicroBatchStream", "streams_natively"]
 
-_STREAM_MEMBERS = ("slots", "submit", "poll", "abort")
 
 
 class StaleWeightsError(RuntimeError):
@@ -48,9 +47,9 @@ def build_object(factory: Factory) -> Any:
 
 
 def streams_natively(obj: Any) -> bool:
-    """Whether ``obj`` has the streaming members (``slots``, ``submit``, ``poll``, ``abort``) of ``StreamingBackend``
-    / ``StreamingEnv`` and does not opt out (``streams = False``; a ``TaskEnv`` on a batch-only backend)."""
-    return all(hasattr(obj, n) for n in _STREAM_MEMBERS) and bool(getattr(obj, "streams", True))
+    """Whether ``obj`` is a ``StreamingBackend`` or a ``StreamingEnv`` (a ``TaskEnv`` on a batch-only backend is not:
+    it has no ``slots``)."""
+    return isinstance(obj, (StreamingBackend, StreamingEnv))
 
 
 class MicroBatchStream:
@@ -100,15 +99,15 @@ class Worker:
     Args:
         factory: Builds the backend / env (``build_object``).
         index: The worker's index in its pool.
-        stream_slots: Requests per batch call when the object does not stream itself (``MicroBatchStream``).
+        micro_batch: Requests per batch call when the object does not stream itself (``MicroBatchStream``).
     """
 
-    def __init__(self, factory: Factory, index: int, stream_slots: int = 16) -> None:
+    def __init__(self, factory: Factory, index: int, micro_batch: int = 16) -> None:
         self.index = index
         self.version = 0
         self.obj = build_object(factory)
         self.native_stream = streams_natively(self.obj)
-        self.stream: Any = self.obj if self.native_stream else MicroBatchStream(self.obj, stream_slots)
+        self.stream: Any = self.obj if self.native_stream else MicroBatchStream(self.obj, micro_batch)
 
     def info(self) -> dict[str, Any]:
         return {"index": self.index, "version": self.version, "pid": os.getpid(), "type": type(self.obj).__name__,
@@ -140,13 +139,13 @@ class Worker:
         self.stream.submit(items, *extra)
 
     def stream_poll(self, timeout: float | None) -> list[tuple[int, Any]]:
-        """Every finished ``(tag, completion)``; a completion without ``metadata["weights_version"]`` gets the version
-        this worker holds when it comes back."""
+        """Every finished ``(tag, completion)``; a completion without a ``policy_version`` gets the version this
+        worker holds when it comes back."""
         out = self.stream.poll(timeout)
         stamped = []
         for tag, c in out:
-            if isinstance(c, Completion) and "weights_version" not in c.metadata:
-                c = dataclasses.replace(c, metadata={**c.metadata, "weights_version": self.version})
+            if isinstance(c, Completion) and c.policy_version is None:
+                c = dataclasses.replace(c, policy_version=self.version)
             stamped.append((int(tag), c))
         return stamped
 

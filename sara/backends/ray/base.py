@@ -95,7 +95,7 @@ class RayPool:
             opts["resources"] = dict(c.resources)
         if c.runtime_env:
             opts["runtime_env"] = dict(c.runtime_env)
-        return self._actor_cls.options(**opts).remote(self._factory_ref, w, c.stream_slots)
+        return self._actor_cls.options(**opts).remote(self._factory_ref, w, c.micro_batch)
 
     def _describe_factory(self) -> str:
         f = self.factory

@@ -46,9 +46,9 @@ class RayPoolConfig(SaraModel):
     """Ray ``runtime_env`` for the actors (env vars, working dir, pip packages)."""
     log_to_driver: bool = False
     """Forward the workers' stdout/stderr to the driver (when this pool starts Ray)."""
-    stream_slots: int = Field(16, ge=1)
-    """Streaming over a backend / env that does not stream itself: requests per batch call on each actor (that actor's
-    ``slots``). A backend that streams reports its own ``slots``."""
+    micro_batch: int = Field(16, ge=1)
+    """Streaming over a backend / env that does not stream itself: requests per batch call on each actor (that
+    actor's capacity, ``MicroBatchStream``). A backend that streams reports its own capacity (``slots``)."""
     stream_order: str = Field("finish", pattern="^(finish|tag)$")
     """Streaming: what one ``poll`` returns. ``finish``: every rollout finished so far, as soon as one is (lowest
     latency; which rollouts arrive together depends on timing). ``tag``: only the oldest in-flight rollout (smallest

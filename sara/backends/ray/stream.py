@@ -33,7 +33,7 @@ class StreamingPool(RayPool):
 
     Attributes:
         native_stream: Whether the actors' backends / envs stream themselves; otherwise each actor streams by batch
-            calls over its queued requests (``MicroBatchStream``, ``stream_slots`` requests per call).
+            calls over its queued requests (``MicroBatchStream``, ``micro_batch`` requests per call).
     """
 
     def _stream_init(self) -> None:

@@ -1,16 +1,18 @@
-"""Generation latency for simulated environments: one wrapper for the async simulator and the Ray scaling benchmarks.
+"""Generation latency for simulated environments: a virtual clock for the driver, and a sleeping engine for Ray.
 
 ``LatencyModel``: an engine with ``slots`` concurrent sequences; a rollout occupies one slot for ``prefill_s + tokens
-x per_token_s`` seconds. ``LatencyEnv`` wraps any ``RolloutEnv`` and charges every ``rollout`` round its makespan on
-the engine's slots, in one of two ways:
+x per_token_s`` seconds. ``LatencyEnv`` wraps any ``RolloutEnv`` in one of two ways:
 
-* ``LatencyEnv(env, latency=LatencyModel(...))``: a simulated clock (``clock``) advances by the makespan; nothing
-  sleeps (``sara.collect_async.simulate_sync`` times synchronous rounds this way);
-* ``LatencyEnv(factory, seconds_per_token)``: an accelerator-bound engine with one sequential slot; the round really
+* ``LatencyEnv(env, latency=LatencyModel(...))``: a simulated engine on a virtual clock (``clock``); nothing sleeps.
+  A synchronous round (``rollout``) advances the clock by its makespan on the engine's slots; streaming (``submit`` /
+  ``poll`` / ``abort``, ``slots`` = the model's) runs every rollout on its own slot from the moment it is submitted,
+  ``poll`` advances the clock to the next completion, and ``abort`` charges a cancelled rollout the tokens it had
+  generated. The driver (``sara.driver.collect``) runs on it unchanged in either mode;
+* ``LatencyEnv(factory, seconds_per_token)``: an accelerator-bound engine with one sequential slot; a round really
   sleeps ``seconds_per_token`` per generated token (the wait does not use the host CPU), for scaling benchmarks and
-  fault-injection tests of the Ray pool on small machines.
+  fault-injection tests of the Ray pool on small machines. It does not stream.
 
-Every other attribute (``counterfactual_mixed``, ``rates``, ...) is forwarded to the wrapped environment.
+Every other attribute (``counterfactual_mixed``, ``rates``, ...) is the wrapped environment's (``EnvWrapper``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from pydantic import Field
 
 from sara.config import ConfigError, SaraModel, validate_config
+from sara.envs.base import EnvWrapper
 from sara.types import Rollout, RolloutRequest
 
 __all__ = ["LatencyEnv", "LatencyModel", "makespan"]
@@ -55,7 +58,7 @@ def makespan(durations: np.ndarray, slots: int) -> float:
     return max(free)
 
 
-class LatencyEnv:
+class LatencyEnv(EnvWrapper):
     """Wrap an environment with a generation latency (see the module docstring for the two modes).
 
     Args:
@@ -65,8 +68,8 @@ class LatencyEnv:
         sleep: Whether a round really sleeps its latency; default: only with ``seconds_per_token``.
 
     Attributes:
-        clock: Simulated seconds of all rounds so far.
-        tokens: Tokens generated so far.
+        clock: Simulated seconds so far.
+        tokens: Tokens generated so far (with the partial tokens of aborted rollouts).
     """
 
     def __init__(self, env: Any, seconds_per_token: float | None = None, *,
@@ -83,10 +86,11 @@ class LatencyEnv:
             self.latency = latency if isinstance(latency, LatencyModel) else validate_config(
                 LatencyModel, dict(latency or {}), what="latency")
         self.sleep = (seconds_per_token is not None) if sleep is None else bool(sleep)
-        self.env = env if hasattr(env, "rollout") else _build(env)
-        self.prompts = self.env.prompts
+        super().__init__(env if hasattr(env, "rollout") else _build(env))
         self.clock = 0.0
         self.tokens = 0.0
+        self._running: list[tuple[float, int, int, Rollout, float]] = []  # (finish, seq, tag, rollout, start) heap
+        self._seq = 0
 
     def round_seconds(self, tokens: np.ndarray) -> float:
         """Latency of one round whose rollouts have ``tokens`` tokens each (in request order)."""
@@ -104,10 +108,58 @@ class LatencyEnv:
             time.sleep(seconds)
         return out
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "env":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.env, name)
+    # ---- streaming on the virtual clock ------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        """The engine's concurrent sequences (the latency model's ``slots``); no attribute in sleeping mode, which
+        does not stream."""
+        if self.latency is None:
+            raise AttributeError("slots")
+        return self.latency.slots
+
+    def _model(self) -> LatencyModel:
+        if self.latency is None:
+            raise ConfigError("LatencyEnv: streaming needs field 'latency' (a LatencyModel), not 'seconds_per_token'")
+        return self.latency
+
+    def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
+        """Start one rollout per item now: generated at once, finishing ``duration(tokens)`` later on the clock."""
+        lat = self._model()
+        if not items:
+            return
+        out = self.env.rollout([req for _, req in items])
+        for (tag, _), (r,) in zip(items, out):
+            heapq.heappush(self._running, (self.clock + float(lat.duration(r.num_tokens)), self._seq, tag, r,
+                                           self.clock))
+            self._seq += 1
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Rollout]]:
+        """Advance the clock to the next completion; every rollout finishing at that instant."""
+        if not self._running:
+            return []
+        self.clock = self._running[0][0]
+        done = []
+        while self._running and self._running[0][0] <= self.clock:
+            _, _, tag, r, _ = heapq.heappop(self._running)
+            self.tokens += float(r.num_tokens)
+            done.append((tag, r))
+        return done
+
+    def abort(self, tags: Sequence[int]) -> int:
+        """Cancel running rollouts; each is charged the tokens it had generated by now (returned, rounded down)."""
+        lat, kill = self._model(), set(tags)
+        gone = [e for e in self._running if e[2] in kill]
+        if not gone:
+            return 0
+        self._running = [e for e in self._running if e[2] not in kill]
+        heapq.heapify(self._running)
+        partial = sum(max(self.clock - start - lat.prefill_s, 0.0) / lat.per_token_s for *_, start in gone)
+        self.tokens += partial
+        return int(partial)
+
+    def running(self) -> list[int]:
+        """Tags of the rollouts running on the simulated engine."""
+        return [e[2] for e in self._running]
 
 
 def _build(factory: Callable[[], Any]) -> Any:

@@ -1,13 +1,16 @@
-"""The per-step unit table: one row per allocation unit (a prompt, or a tree), every column a numpy array."""
+"""The per-step unit table of an allocator: one row per allocation unit (a prompt, or a tree), every column a numpy
+array; and the read-only view a stopping rule decides on."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["UnitStatus", "UnitTable", "UnitView"]
+__all__ = ["Effectiveness", "UnitStatus", "UnitTable", "UnitView"]
 
 
 class UnitStatus:
@@ -19,8 +22,8 @@ class UnitStatus:
     ABANDONED = 3
     DISCARDED = 4
     CARRIED = 5
-    """Open at the step's end and handed to the next step by a streaming driver (``carry_out``): not closed, not in
-    this step's observations."""
+    """Open at the step's end and handed to the next step by the driver (``carry_out``): not closed, not in this
+    step's observations."""
 
 
 @dataclass
@@ -35,6 +38,7 @@ class UnitTable:
         rmin / rmax: Running min / max reward, ``[M] float64``.
         status: ``UnitStatus`` code, ``[M] int8``.
         probes: Probing rounds the unit has been through, ``[M] int64``.
+        inflight: Rollouts dispatched and neither delivered nor aborted, ``[M] int64``.
         prior: Per-unit prior parameters (e.g. ``{"alpha0": [M], "beta0": [M]}``), set at admission.
         extra: Free per-unit arrays for subclasses (tree parent ids, depth, ...).
     """
@@ -47,6 +51,7 @@ class UnitTable:
     rmax: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     status: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
     probes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    inflight: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     prior: dict[str, np.ndarray] = field(default_factory=dict)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -66,6 +71,7 @@ class UnitTable:
         self.rmax = np.concatenate([self.rmax, np.full(m, -np.inf)])
         self.status = np.concatenate([self.status, np.zeros(m, np.int8)])
         self.probes = np.concatenate([self.probes, np.zeros(m, np.int64)])
+        self.inflight = np.concatenate([self.inflight, np.zeros(m, np.int64)])
         for table, given in ((self.prior, prior or {}), (self.extra, extra or {})):
             for key in set(table) | set(given):
                 new = np.broadcast_to(np.asarray(given[key]), (m,)) if key in given else np.zeros(m)
@@ -91,22 +97,33 @@ class UnitTable:
         return np.sqrt(np.maximum(self.rsq[idx] / n - mean * mean, 0.0))
 
 
+class Effectiveness(Protocol):
+    """What a ``UnitView`` asks for its ``p_eff`` (``sara.allocators.effectiveness``)."""
+
+    def p_effective(self, table: UnitTable, idx: np.ndarray, k: int) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class UnitView:
-    """Read-only view of some units handed to ``SequentialAllocator.decide``.
+    """Read-only view of some units handed to a stopping rule (``SequentialAllocator.decide``).
 
     Attributes:
         ids: Unit ids ``[m]``.
         n: Rollouts observed ``[m]``.
         s: Reward sums ``[m]`` (successes for binary rewards).
         k: Full group size.
-        p_eff: Predictive probability that the completed group is effective ``[m]`` (from the effectiveness model).
         table: The whole unit table (for rules that need more columns).
+        model: The effectiveness model behind ``p_eff``.
     """
 
     ids: np.ndarray
     n: np.ndarray
     s: np.ndarray
     k: int
-    p_eff: np.ndarray
     table: UnitTable
+    model: Effectiveness
+
+    @cached_property
+    def p_eff(self) -> np.ndarray:
+        """Predictive probability that each unit's completed group is effective ``[m]`` (computed on first use)."""
+        return self.model.p_effective(self.table, self.ids, self.k)

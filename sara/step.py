@@ -1,132 +1,28 @@
-"""THE driver loop: allocator x environment x prompt sampler, in synchronous batched rounds.
+"""The bookkeeping of one collection step (``StepState``), analysis observers, and what a step hands the next.
 
-Each round: the allocator asks for fresh prompts (drawn from the sampler), plans how many rollouts each open unit gets,
-the environment generates and scores all of them in ONE batched call, and the allocator folds the rewards in and
-closes units (commit / abandon / discard). The loop always terminates and says why; every generated rollout ends in
-exactly one of committed / abandoned / discarded. The per-step bookkeeping (``sara.collect_state.StepState``) is
-shared with the streaming driver ``sara.collect_async``.
+``sara.driver.collect`` owns the loop; ``StepState`` owns, per unit, the prompt's occurrence in the step (it enters
+the rollout seeds), the rollouts started and delivered, and whether the unit is closed; the closed groups by decision;
+the counters; and the exact accounting check behind ``CollectResult``. ``StreamCarry`` is what a streaming step with
+carry-over hands the next one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from pydantic import Field
 
 from sara.allocators.base import BudgetAllocator
-from sara.allocators.samplers import PromptSampler
-from sara.config import ConfigError, SaraModel, validate_config
-from sara.envs.base import RolloutEnv
+from sara.config import ConfigError
+from sara.samplers.base import PromptSampler
 from sara.seeding import derive_seeds
 from sara.timing import PhaseTimer
-from sara.types import CollectResult, CollectStats, Decision, Group, Prompt, Rollout, RolloutRequest
+from sara.types import CollectResult, CollectStats, Decision, Group, Prompt, Rollout
 
-__all__ = ["collect", "CollectConfig", "CollectObserver", "StepState", "WrongAbandons", "rollout_seeds"]
-
-
-class CollectConfig(SaraModel):
-    """Stopping conditions and seeding of one collection step."""
-
-    target_groups: int = Field(..., ge=1)
-    """Stop once this many groups are committed (the training batch size, in groups)."""
-    max_rollouts: int | None = Field(None, ge=1)
-    """Hard budget of rollouts for the step (a round that would exceed it is cut to fit). None = no budget."""
-    max_rounds: int = Field(1000, ge=1)
-    """Stop after this many batched environment calls."""
-    seed: int = 0
-    """Base seed; rollout seeds derive from (seed, step, prompt, occurrence, rollout index)."""
-
-
-def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler, *, target_groups: int,
-            max_rollouts: int | None = None, max_rounds: int = 1000, seed: int = 0, step: int | None = None,
-            eps: float | None = None, observers: Sequence[CollectObserver] = ()) -> CollectResult:
-    """Run one collection step until ``target_groups`` groups are committed (or another stop condition).
-
-    Args:
-        allocator: Decides who gets rollouts; never calls ``env`` itself.
-        env: Generates and scores one round of requests per call.
-        sampler: Supplies fresh prompt indices into ``env.prompts``.
-        target_groups: Committed groups wanted (the batch size).
-        max_rollouts: Optional hard rollout budget for the step.
-        max_rounds: Maximum batched environment calls.
-        seed: Base seed of the rollouts.
-        step: Step index (default: the allocator's next step). Enters the rollout seeds.
-        eps: A committed group is effective when its reward std exceeds this (default: ``allocator.eps``).
-        observers: Analysis hooks told about every closed unit, e.g. ``WrongAbandons(env)`` (fills
-            ``stats.wrong_abandons`` on a simulator).
-
-    Returns:
-        ``CollectResult`` with committed groups (the batch), abandoned and discarded units, and exact accounting.
-        ``stats.stop_reason`` is one of ``target_reached``, ``max_rollouts``, ``max_rounds``, ``pool_exhausted``,
-        ``allocator_done``.
-
-    Raises:
-        ConfigError: invalid stopping conditions, e.g. ``target_groups`` larger than what the sampler can supply.
-    """
-    cfg = validate_config(CollectConfig, dict(target_groups=target_groups, max_rollouts=max_rollouts,
-                                              max_rounds=max_rounds, seed=seed), what="collect")
-    cap = sampler.capacity()
-    if cap is not None and cfg.target_groups > cap:
-        raise ConfigError(f"collect: field 'target_groups': {cfg.target_groups} groups asked but the sampler can supply "
-                          f"only {cap} more prompts (sampling without replacement); lower target_groups or allow more epochs")
-    st = StepState.begin(allocator, env.prompts, cfg.target_groups, step=step, seed=cfg.seed,
-                         max_rollouts=cfg.max_rollouts, eps=eps, observers=observers)
-    timer = st.timer  # "allocator": time inside the allocator's methods; "env": inside env.rollout
-    while not (stop := _stop_before_round(st, cfg)):
-        with timer("allocator"):
-            m = allocator.wants_prompts()
-        st.admit(sampler, m)
-        with timer("allocator"):
-            ids, counts = allocator.plan()
-        if len(ids) == 0:
-            stop = "pool_exhausted" if st.exhausted else "allocator_done"
-            break
-        budget_left = None if cfg.max_rollouts is None else cfg.max_rollouts - st.rollouts
-        cut = budget_left is not None and counts.sum() > budget_left
-        if cut:  # cut the round to fit the budget, in plan order
-            counts = np.minimum(counts, np.maximum(budget_left - (np.cumsum(counts) - counts), 0))
-            ids, counts = ids[counts > 0], counts[counts > 0]
-        requests = [RolloutRequest(unit_id=u, pool_index=p, prompt=env.prompts[p], seeds=s, prefix=pre)
-                    for u, p, s, pre in zip(ids.tolist(), st.pool_index(ids).tolist(), st.launch_groups(ids, counts),
-                                            allocator.prefix(ids))]
-        with timer("env"):
-            results = env.rollout(requests)
-        if len(results) != len(requests) or any(len(r) != q.n for r, q in zip(results, requests)):
-            raise RuntimeError(f"{type(env).__name__}.rollout returned a wrong number of rollouts for the round")
-        flat_ids, flat_r = st.record(np.repeat(ids, counts), [r for rs in results for r in rs])
-        with timer("allocator"):
-            closed = allocator.observe(flat_ids, flat_r)
-        st.close(*closed)
-        if cut:
-            stop = "max_rollouts"
-            break
-    with timer("allocator"):
-        closed = allocator.end_step()
-    st.close(*closed)
-    sampler.update(*allocator.observations(), st.step)
-    return st.result(stop)
-
-
-def _stop_before_round(st: StepState, cfg: CollectConfig) -> str:
-    if len(st.committed) >= cfg.target_groups:
-        return "target_reached"
-    if st.rounds >= cfg.max_rounds:
-        return "max_rounds"
-    if cfg.max_rollouts is not None and st.rollouts >= cfg.max_rollouts:
-        return "max_rollouts"
-    return ""
-
-
-def rollout_seeds(seed: int, step: int, pool_index: np.ndarray, occurrence: np.ndarray, start: np.ndarray,
-                  counts: np.ndarray) -> list[tuple[int, ...]]:
-    """Seeds of rollouts ``start .. start+count-1`` of each unit (vectorized; one tuple per unit)."""
-    unit = np.repeat(np.arange(len(counts)), counts)
-    j = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(start, counts)
-    flat = derive_seeds(seed, step, pool_index[unit], occurrence[unit], j)
-    return [tuple(int(x) for x in part) for part in np.split(flat, np.cumsum(counts)[:-1])]
+__all__ = ["CollectObserver", "Counterfactual", "StepState", "StreamCarry", "WrongAbandons"]
 
 
 class CollectObserver:
@@ -143,15 +39,24 @@ class CollectObserver:
         return {}
 
 
+@runtime_checkable
+class Counterfactual(Protocol):
+    """An environment that can tell what a group would have been (the simulators; a Ray pool of them forwards it)."""
+
+    def counterfactual_mixed(self, pool_index: np.ndarray, seeds: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+        """Per row of ``seeds [m, k]``: would the full size-k group of ``pool_index[i]`` have been effective?"""
+        ...
+
+
 class WrongAbandons(CollectObserver):
     """Counts abandoned units whose full size-k group would have been mixed (``stats.wrong_abandons``).
 
-    Needs an environment that can tell, for analysis only: ``env.counterfactual_mixed(pool_index, seeds [m, k], eps)``
-    (the simulators; a Ray pool forwards it). The full group's rollouts get the seeds ``collect`` would have used.
+    Needs a ``Counterfactual`` environment (for analysis only: the simulators). The full group's rollouts get the
+    seeds the driver would have used.
     """
 
     def __init__(self, env: Any) -> None:
-        if not hasattr(env, "counterfactual_mixed"):
+        if not isinstance(env, Counterfactual):
             raise ConfigError(f"WrongAbandons: field 'env': {type(env).__name__} has no counterfactual_mixed "
                               "(only simulators can tell what an abandoned group would have been)")
         self.env = env
@@ -172,7 +77,7 @@ class WrongAbandons(CollectObserver):
 
 
 class StepState:
-    """Bookkeeping of one collection step, shared by ``collect`` and ``sara.collect_async``.
+    """Bookkeeping of one collection step of ``sara.driver.collect``.
 
     Per unit (unit ids are admission order): the prompt's occurrence in the step (it enters the rollout seeds), the
     rollouts started (seeded) and delivered, and whether it is closed; the closed groups by decision; counters. Pool
@@ -207,11 +112,11 @@ class StepState:
     @classmethod
     def begin(cls, allocator: BudgetAllocator, prompts: Sequence[Prompt], target_groups: int, *, step: int | None,
               seed: int, max_rollouts: int | None = None, eps: float | None = None,
-              observers: Sequence[CollectObserver] = ()) -> StepState:
+              observers: Sequence[CollectObserver] = (), lookahead: int = 0) -> StepState:
         """Start the allocator's step and return its bookkeeping."""
         timer = PhaseTimer()
         with timer("allocator"):
-            allocator.begin_step(target_groups, step, max_rollouts=max_rollouts)
+            allocator.begin_step(target_groups, step=step, max_rollouts=max_rollouts, lookahead=lookahead)
         return cls(allocator, prompts, seed=seed, eps=eps, observers=observers, timer=timer)
 
     def pool_index(self, unit_ids: np.ndarray) -> np.ndarray:
@@ -261,26 +166,21 @@ class StepState:
         self.carried_out += sum(len(self.rollouts_of[u]) for u in unit_ids.tolist())
         self.carried_out_tokens += sum(x.num_tokens for u in unit_ids.tolist() for x in self.rollouts_of[u])
 
-    def launch(self, unit_ids: np.ndarray) -> np.ndarray:
-        """Seeds of one new rollout per entry of ``unit_ids`` (repeats allowed; rollout j of a unit gets the seed
-        ``(seed, step, prompt, occurrence, j)`` in launch order, whatever the driver)."""
+    def launch(self, unit_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(seeds, j)`` of one new rollout per entry of ``unit_ids`` (repeats allowed): rollout ``j`` of a unit (its
+        index within the unit, in launch order) gets the seed ``(seed, step, prompt, occurrence, j)``, whatever the
+        driver mode or the engine's sharding."""
         unit_ids = np.asarray(unit_ids, np.int64)
         order = np.argsort(unit_ids, kind="stable")
         rank = np.empty(len(unit_ids), np.int64)
         rank[order] = np.arange(len(unit_ids)) - np.searchsorted(unit_ids[order], unit_ids[order], side="left")
         j = self.started[unit_ids] + rank
         np.add.at(self.started, unit_ids, 1)
-        return derive_seeds(self.seed, self.step, self.pool_index(unit_ids), self.occurrence[unit_ids], j)
-
-    def launch_groups(self, unit_ids: np.ndarray, counts: np.ndarray) -> list[tuple[int, ...]]:
-        """``launch`` for ``counts[i]`` rollouts of each of the distinct ``unit_ids``, as one seed tuple per unit."""
-        seeds = rollout_seeds(self.seed, self.step, self.pool_index(unit_ids), self.occurrence[unit_ids],
-                              self.started[unit_ids], counts)
-        self.started[unit_ids] += counts
-        return seeds
+        return derive_seeds(self.seed, self.step, self.pool_index(unit_ids), self.occurrence[unit_ids], j), j
 
     def record(self, unit_ids: np.ndarray, rollouts: Sequence[Rollout]) -> tuple[np.ndarray, np.ndarray]:
-        """Delivered rollouts (flat, one unit id each) of one environment call; returns ``(unit_ids, rewards)``."""
+        """Delivered rollouts (flat, one unit id each) of one environment call (a round, or a poll); returns
+        ``(unit_ids, rewards)``."""
         for u, r in zip(unit_ids.tolist(), rollouts):
             self.rollouts_of[u].append(r)
         self.rounds += 1
@@ -328,3 +228,32 @@ class StepState:
             raise AssertionError(f"accounting broken: {stats}")  # an allocator lost or duplicated a unit
         return CollectResult(groups=tuple(self.committed), abandoned=tuple(self.abandoned),
                              discarded=tuple(self.discarded), stats=stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamCarry:
+    """What a streaming step hands the next one (``DriverConfig.carry_lag``): its open units and the rollouts they
+    still have running on the engine. Pass it as ``carry=`` to the next ``collect`` on the same environment, or give
+    its running rollouts back with ``sara.driver.release_carry``.
+
+    Attributes:
+        step: The step that handed it on.
+        pool_index: Prompt of each carried unit ``[U]``.
+        born: Step each unit was first admitted ``[U]`` (the weights of its oldest rollout).
+        started: Rollouts started (seeded) per unit so far ``[U]`` (delivered + running).
+        rollouts: Delivered rollouts, per unit.
+        live: Engine tag of each running rollout -> ``(carried unit index, its index j in the unit, the policy version
+            it was started under or None)``.
+    """
+
+    step: int
+    pool_index: np.ndarray
+    born: np.ndarray
+    started: np.ndarray
+    rollouts: tuple[tuple[Rollout, ...], ...]
+    live: dict[int, tuple[int, int, int | None]]
+
+    @property
+    def delivered(self) -> int:
+        """Delivered rollouts of the carried units."""
+        return sum(len(r) for r in self.rollouts)

@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from sara.allocators.base import UnitTable
-from sara.allocators.stopping import GridPrior, em_weights
 from sara.config import ConfigError
+from sara.priors.base import Prior, population_of
+from sara.priors.grid import GridPrior, em_weights
+from sara.types import Prompt
+from sara.units import UnitTable
 
 __all__ = ["GroupedGridPrior", "group_labels", "prompt_groups", "MAX_GROUPS"]
 
@@ -33,15 +35,15 @@ MAX_GROUPS = 256
 """More distinct values than this is a ConfigError: a per-group fit needs data per group."""
 
 
-def group_labels(prompts: Sequence[Any], key: str) -> tuple[np.ndarray, list[Hashable]]:
+def group_labels(prompts: Sequence[Prompt], key: str) -> tuple[np.ndarray, list[Hashable]]:
     """``(labels [pool], names)``: each prompt's group index by ``Prompt.metadata[key]`` (missing: its own group).
 
     Raises:
         ConfigError: naming ``group_by`` when no prompt has ``key`` or when it has more than ``MAX_GROUPS`` values.
     """
-    values = [_hashable((getattr(p, "metadata", None) or {}).get(key)) for p in prompts]
+    values = [_hashable(p.metadata.get(key)) for p in prompts]
     if prompts and all(v is None for v in values):
-        keys = sorted({k for p in prompts for k in (getattr(p, "metadata", None) or {})})
+        keys = sorted({k for p in prompts for k in p.metadata})
         raise ConfigError(f"sara: field 'group_by': no prompt has metadata key {key!r}; keys present: "
                           f"{', '.join(keys) or '(none)'}; pick one of them or drop group_by")
     names = list(dict.fromkeys(values))
@@ -52,14 +54,11 @@ def group_labels(prompts: Sequence[Any], key: str) -> tuple[np.ndarray, list[Has
     return np.asarray([index[v] for v in values], np.int64), names
 
 
-def prompt_groups(allocator: Any) -> np.ndarray | None:
-    """The group of every pool index when ``allocator``'s prior is split by groups (``GroupedGridPrior``, directly or
-    as the base of a history prior), else None: what a run's 'DS would have spent' estimate should fit per group."""
-    prior = getattr(allocator, "prior", None)
-    for p in (prior, getattr(prior, "base", None)):
-        if isinstance(p, GroupedGridPrior):
-            return p.labels
-    return None
+def prompt_groups(prior: Prior | None) -> np.ndarray | None:
+    """The group of every pool index when ``prior`` is split by groups (``GroupedGridPrior``, directly or as the base
+    of a history prior), else None: what a run's 'DS would have spent' estimate should fit per group."""
+    population = None if prior is None else population_of(prior)
+    return population.labels if isinstance(population, GroupedGridPrior) else None
 
 
 def _hashable(v: Any) -> Hashable:

@@ -1,8 +1,7 @@
-"""The streaming driver ``collect_stream`` (issue 13): exact accounting, determinism, collect's rollout seeds,
-out-of-order completions, aborts of closed units' rollouts, streaming uniform and DS, rounds for allocators without
-the streaming API, every
-registered allocator, and streaming SARA's rollouts per effective group against synchronous SARA's on the tiny
-backend. Also the tiny backend's continuous batching and the streaming scripted backend."""
+"""The driver in streaming mode (``DriverConfig(barrier=False)``): exact accounting, determinism, the rollout seeds
+of synchronous rounds, out-of-order completions, aborts of closed units' rollouts, streaming uniform and DS, every
+registered allocator in both modes, and streaming SARA's rollouts per effective group against synchronous SARA's on
+the tiny backend. Also the tiny backend's continuous batching and the streaming scripted backend."""
 
 from __future__ import annotations
 
@@ -13,16 +12,14 @@ import pytest
 
 from sara.allocators import (
     ALLOCATORS,
-    DynamicSamplingAllocator,
     SequentialAllocator,
-    UniformSampler,
     make_allocator,
 )
-from sara.collect import collect
-from sara.collect_stream import collect_stream, streams
 from sara.config import ConfigError
+from sara.driver import collect
 from sara.envs.base import GenerationRequest
 from sara.envs.task_env import TaskEnv
+from sara.samplers import UniformSampler
 from sara.seeding import derive_seeds
 from sara.testing import check_backend
 from sara.testing.scripted import ScriptedBackend
@@ -30,6 +27,7 @@ from sara.testing.streaming import CoinArithmetic
 from sara.types import Decision
 
 TASK = "sara/Arithmetic-v0:max_digits=2,pool_size=300,eval_size=8"
+STREAM = {"barrier": False}
 
 
 class Arith(CoinArithmetic):
@@ -62,10 +60,11 @@ def _env(slots: int = 16, backend=None) -> TaskEnv:
     return TaskEnv(TASK, backend if backend is not None else Arith(slots), scorer_mode="inline")
 
 
-def _stream(spec: str = "sara", *, seed: int = 0, target: int = 6, slots: int = 16, k: int = 4, **kw):
+def _stream(spec: str = "sara", *, seed: int = 0, target: int = 6, slots: int = 16, k: int = 4,
+            max_rollouts: int | None = None, **driver):
     env = _env(slots)
-    res = collect_stream(make_allocator(spec, k=k), env, UniformSampler(len(env.prompts), seed=seed),
-                         target_groups=target, seed=seed, **kw)
+    res = collect(make_allocator(spec, k=k), env, UniformSampler(len(env.prompts), seed=seed), target_groups=target,
+                  seed=seed, max_rollouts=max_rollouts, driver={**STREAM, **driver})
     return res, env
 
 
@@ -93,7 +92,7 @@ def _check_accounting(res, env) -> None:
 
 
 def test_accounting_is_exact_and_the_target_is_reached():
-    res, env = _stream("sara_async:max_inflight=2", target=8, slots=32)
+    res, env = _stream("sara:probe=2", target=8, slots=32)
     _check_accounting(res, env)
     s = res.stats
     assert s.stop_reason == "target_reached" and s.committed_groups >= 8
@@ -131,7 +130,7 @@ def test_completions_finish_out_of_order_and_closed_units_are_aborted_at_once():
 
     env = _env(32)
     alloc = AbandonOnZero(k=4, probe=(3,))
-    res = collect_stream(alloc, env, UniformSampler(300, seed=0), target_groups=6, seed=0)
+    res = collect(alloc, env, UniformSampler(300, seed=0), target_groups=6, seed=0, driver=STREAM)
     _check_accounting(res, env)
     ev = env.backend.events
     order = [t for e, t in ev if e == "finish"]
@@ -141,26 +140,7 @@ def test_completions_finish_out_of_order_and_closed_units_are_aborted_at_once():
     assert any(e == "abort" for e, _ in ev[:last_finish])  # aborted mid-step, not only at the end
 
 
-class _RoundsDS(DynamicSamplingAllocator):
-    """DS with the streaming API switched off (a user allocator that opts out)."""
-
-    streams = False
-
-
-@pytest.mark.parametrize("spec", ["ds", "sara_tree"])
-def test_allocators_without_the_streaming_api_run_in_rounds_like_collect(spec):
-    make = (lambda: _RoundsDS(k=4)) if spec == "ds" else (lambda: make_allocator(spec, k=4))
-    assert not streams(make())
-    ref = collect(make(), _env(backend=Plain()), UniformSampler(300, seed=2), target_groups=6, seed=2)
-    env = _env(8)
-    res = collect_stream(make(), env, UniformSampler(300, seed=2), target_groups=6, seed=2)
-    assert _fingerprint(res) == _fingerprint(ref)
-    assert {**_stats(res), "mean_inflight": 0.0} == _stats(ref) and res.stats.aborted_rollouts == 0
-    assert 0 < res.stats.mean_inflight <= 8 and len(env.backend.submitted) == ref.stats.rollouts
-
-
 def test_uniform_streams_exactly_the_target_groups():
-    assert streams(make_allocator("uniform", k=4))
     res, env = _stream("uniform", seed=3, target=6, slots=8)
     _check_accounting(res, env)
     s = res.stats
@@ -171,7 +151,6 @@ def test_uniform_streams_exactly_the_target_groups():
 
 
 def test_ds_streams_full_effective_groups_with_collects_seeds():
-    assert streams(make_allocator("ds", k=4))
     res, env = _stream("ds", seed=5, target=8, slots=16)
     _check_accounting(res, env)
     s = res.stats
@@ -201,25 +180,36 @@ def test_ds_streaming_admission_options():
 OWN = [n for n in ALLOCATORS.names() if ALLOCATORS.get(n).__module__.startswith("sara.")]
 
 
+@pytest.mark.parametrize("barrier", [True, False], ids=["rounds", "stream"])
 @pytest.mark.parametrize("name", OWN)
-def test_every_registered_allocator_runs_under_the_driver(name):
-    res, env = _stream({"ds": "ds:max_gen_batches=4"}.get(name, name), seed=4, target=4)
-    _check_accounting(res, env)
+def test_every_registered_allocator_runs_under_both_modes(name, barrier):
+    spec = {"ds": "ds:max_gen_batches=4"}.get(name, name)
+    if barrier:
+        env = _env(backend=Plain())
+        res = collect(make_allocator(spec, k=4), env, UniformSampler(300, seed=4), target_groups=4, seed=4)
+        assert res.stats.rollouts == sum(g.size for g in (*res.groups, *res.abandoned, *res.discarded))
+    else:
+        res, env = _stream(spec, seed=4, target=4)
+        _check_accounting(res, env)
     assert res.stats.stop_reason in ("target_reached", "allocator_done") and res.stats.committed_groups >= 1
 
 
 def test_budget_counts_started_rollouts():
-    res, env = _stream("sara_async", target=50, max_rollouts=40, slots=8)
+    res, env = _stream("sara", target=50, max_rollouts=40, slots=8, fill_idle=True)
     _check_accounting(res, env)
     assert len(env.backend.submitted) <= 40 and res.stats.stop_reason == "max_rollouts"
 
 
 def test_a_backend_that_cannot_stream_is_a_config_error():
-    with pytest.raises(ConfigError, match="field 'env'"):
-        collect_stream(make_allocator("sara", k=4), _env(backend=Plain()), UniformSampler(300, seed=0),
-                       target_groups=2)
-    with pytest.raises(ConfigError, match="field 'max_inflight'"):
-        _stream(max_inflight=0)
+    with pytest.raises(ConfigError, match="field 'barrier'"):
+        collect(make_allocator("sara", k=4), _env(backend=Plain()), UniformSampler(300, seed=0), target_groups=2,
+                driver=STREAM)
+    with pytest.raises(ConfigError, match="field 'slots'"):
+        collect(make_allocator("sara", k=4), _env(), UniformSampler(300, seed=0), target_groups=2,
+                driver={**STREAM, "slots": 0})
+    with pytest.raises(ConfigError, match="field 'carry_lag'.*streaming option"):
+        collect(make_allocator("sara", k=4), _env(backend=Plain()), UniformSampler(300, seed=0), target_groups=2,
+                driver={"carry_lag": 1})
 
 
 def test_scripted_streaming_backend_passes_check_backend():
@@ -248,7 +238,7 @@ def test_tiny_backend_streams_the_completions_generate_returns(tiny):
     from sara.envs.base import SamplingConfig
 
     _, policy = tiny
-    backend = TinyBackend(policy, {"slots": 5})
+    backend = TinyBackend(policy, {"max_batch_size": 5})
     sampling = SamplingConfig(max_new_tokens=6, stop=("9",))
     reqs = [GenerationRequest(prompt=p, seeds=(s,)) for p in ("1+1=", "7-2=", "9+9=") for s in range(7)]
     ref = [o[0] for o in backend.generate(reqs, sampling)]
@@ -276,13 +266,13 @@ def test_streaming_sara_costs_what_synchronous_sara_costs(tiny):
     from sara.backends.tiny import TinyBackend
 
     task, policy = tiny
-    env = TaskEnv(task, TinyBackend(policy, {"slots": 32}), scorer_mode="inline")
+    env = TaskEnv(task, TinyBackend(policy, {"max_batch_size": 32}), scorer_mode="inline")
     cost = {}
-    for name, driver in (("sync", collect), ("stream", collect_stream)):
+    for name, driver in (("sync", None), ("stream", STREAM)):
         rollouts = effective = 0
         for s in range(6):
-            res = driver(make_allocator("sara", k=4), env, UniformSampler(len(env.prompts), seed=s),
-                         target_groups=16, seed=s)
+            res = collect(make_allocator("sara", k=4), env, UniformSampler(len(env.prompts), seed=s),
+                          target_groups=16, seed=s, driver=driver)
             rollouts, effective = rollouts + res.stats.rollouts, effective + res.stats.effective_groups
         cost[name] = rollouts / effective
     assert cost["stream"] == pytest.approx(cost["sync"], rel=0.05), cost

@@ -9,7 +9,7 @@ least-visited candidates instead (a round robin over the pool, so nothing starve
 again as its evidence ages, so it is retried after a while (that is what makes drift visible).
 
 It composes with any allocator ("SARA + DPS"): the sampler decides *which* prompts enter, the allocator decides how
-many rollouts each gets. ``collect`` feeds the step's observations back through ``update``.
+many rollouts each gets. The driver feeds the step's observations back through ``update``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from sara.allocators.posteriors import p_effective
-from sara.allocators.priors import EmpiricalBayesPrior, HistoryPrior
-from sara.allocators.samplers import PromptSampler
 from sara.config import SaraModel, validate_config
+from sara.priors.beta import EmpiricalBayesPrior
+from sara.priors.history import HistoryPrior
+from sara.priors.posteriors import p_effective
+from sara.samplers.base import PromptSampler
 
 __all__ = ["PredictiveSampler", "PredictiveSamplerConfig"]
 

@@ -1,29 +1,29 @@
 """Prompt samplers: which prompts enter the step next.
 
-A sampler draws pool indices; ``collect`` asks it whenever the allocator wants fresh prompts. ``update`` feeds back
-what was observed at the end of a step (for predictive samplers).
+A sampler draws pool indices; the driver (``sara.driver.collect``) asks it whenever the allocator wants fresh
+prompts. ``update`` feeds back what was observed at the end of a step (for predictive samplers).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
 
 from sara.config import ConfigError, SaraModel, validate_config
-from sara.registry import Registry
 
-__all__ = ["PromptSampler", "UniformSampler", "UniformSamplerConfig", "SAMPLERS", "make_sampler"]
+__all__ = ["PromptSampler", "UniformSampler", "UniformSamplerConfig"]
 
 
 class PromptSampler(ABC):
     """Draws prompt indices from a pool of ``pool_size`` prompts; deterministic given its seed and state."""
 
-    name = "base"
-    takes_k: bool = False  # True: make_sampler passes the allocator's group size as option ``k``
+    name: ClassVar[str] = "base"
+    takes_k: ClassVar[bool] = False
+    """True: the sampler scores groups of k (``make_sampler`` passes the run's group size as option ``k``)."""
 
     def __init__(self, pool_size: int, *, seed: int = 0) -> None:
         if pool_size < 1:
@@ -52,18 +52,18 @@ class PromptSampler(ABC):
 class UniformSamplerConfig(SaraModel):
     """Options of the uniform sampler."""
 
-    epochs: int | None = Field(None, ge=1)
-    """Passes over the pool before it is exhausted (None = unlimited)."""
+    pool_epochs: int | None = Field(None, ge=1)
+    """Passes over the prompt pool before it is exhausted (None = unlimited)."""
 
 
 class UniformSampler(PromptSampler):
-    """Uniform without replacement within an epoch; a fresh seeded permutation every epoch."""
+    """Uniform without replacement within a pass over the pool; a fresh seeded permutation every pass."""
 
     name = "uniform"
 
-    def __init__(self, pool_size: int, *, seed: int = 0, epochs: int | None = None) -> None:
+    def __init__(self, pool_size: int, *, seed: int = 0, pool_epochs: int | None = None) -> None:
         super().__init__(pool_size, seed=seed)
-        self.config = validate_config(UniformSamplerConfig, {"epochs": epochs}, what="sampler 'uniform'")
+        self.config = validate_config(UniformSamplerConfig, {"pool_epochs": pool_epochs}, what="sampler 'uniform'")
         self.epoch = 0
         self.pos = 0
         self._perm = self._permutation(0)
@@ -72,15 +72,15 @@ class UniformSampler(PromptSampler):
         return np.random.default_rng([self.seed, epoch]).permutation(self.pool_size)
 
     def capacity(self) -> int | None:
-        if self.config.epochs is None:
+        if self.config.pool_epochs is None:
             return None
-        return max(0, (self.config.epochs - self.epoch) * self.pool_size - self.pos)
+        return max(0, (self.config.pool_epochs - self.epoch) * self.pool_size - self.pos)
 
     def sample(self, m: int) -> np.ndarray:
         out: list[np.ndarray] = []
         while m > 0:
             if self.pos >= self.pool_size:
-                if self.config.epochs is not None and self.epoch + 1 >= self.config.epochs:
+                if self.config.pool_epochs is not None and self.epoch + 1 >= self.config.pool_epochs:
                     break
                 self.epoch += 1
                 self.pos = 0
@@ -99,23 +99,3 @@ class UniformSampler(PromptSampler):
         self.epoch = int(state["epoch"])
         self.pos = int(state["pos"])
         self._perm = self._permutation(self.epoch)
-
-
-SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler")
-SAMPLERS.register("uniform", UniformSampler)
-
-
-def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k: int | None = None) -> PromptSampler:
-    """Build a sampler from ``"name"`` / ``"name:key=value,..."`` for a pool of ``pool_size`` prompts.
-
-    ``k`` (the allocator's group size) is passed to samplers that score groups (``takes_k``) unless the spec sets it.
-    """
-    if isinstance(spec, PromptSampler):
-        return spec
-    cls, options = SAMPLERS.from_spec(spec)
-    if k is not None and getattr(cls, "takes_k", False) and "k" not in options:
-        options = {**options, "k": int(k)}
-    try:
-        return cls(pool_size, seed=seed, **options)
-    except TypeError as exc:
-        raise ConfigError(f"sampler {spec!r}: {exc}") from None

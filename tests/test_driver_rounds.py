@@ -1,4 +1,4 @@
-"""The collect loop: termination, exact accounting (property tests), determinism, budgets."""
+"""The driver in synchronous rounds: termination, exact accounting (property tests), determinism, budgets."""
 
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator
-from sara.collect import WrongAbandons
 from sara.config import ConfigError
 from sara.envs.sim.binary import make_population
+from sara.step import WrongAbandons
 
 
 def fingerprint(res):
@@ -24,7 +24,7 @@ def fingerprint(res):
 def test_accounting_always_adds_up(alpha, beta, k, target, tau, probe, completion, budget, kind, seed):
     rates = np.random.default_rng(seed).beta(alpha, beta, 400)
     env = SimulatedEnv(rates)
-    spec = {"sara": f"sara:tau_low={tau:.3f},probe={probe},completion={completion}", "ds": "ds:max_gen_batches=5",
+    spec = {"sara": f"sara_paper:tau_low={tau:.3f},probe={probe},completion={completion}", "ds": "ds:max_gen_batches=5",
             "uniform": "uniform"}[kind]
     res = collect(make_allocator(spec, k=k), env, UniformSampler(400, seed=seed), target_groups=target,
                   max_rollouts=budget, seed=seed, observers=[WrongAbandons(env)])
@@ -63,21 +63,21 @@ def test_stops_for_every_reason():
     assert collect(make_allocator("sara", k=8), env, UniformSampler(300), target_groups=100,
                    max_rollouts=50).stats.stop_reason == "max_rollouts"
     assert collect(make_allocator("sara:oversample=1", k=8), env, UniformSampler(300), target_groups=100,
-                   max_rounds=3).stats.stop_reason == "max_rounds"
-    res = collect(make_allocator("sara", k=8), env, UniformSampler(300, epochs=1), target_groups=250)
+                   driver={"max_rounds": 3}).stats.stop_reason == "max_rounds"
+    res = collect(make_allocator("sara", k=8), env, UniformSampler(300, pool_epochs=1), target_groups=250)
     assert res.stats.stop_reason == "pool_exhausted" and res.stats.prompts_drawn == 300
 
 
 def test_target_larger_than_pool_without_replacement_is_rejected():
     env = SimulatedEnv("u-shaped", size=100, seed=0)
     with pytest.raises(ConfigError, match="target_groups"):
-        collect(make_allocator("sara", k=8), env, UniformSampler(100, epochs=1), target_groups=101)
+        collect(make_allocator("sara", k=8), env, UniformSampler(100, pool_epochs=1), target_groups=101)
     with pytest.raises(ConfigError, match="max_rollouts"):
         collect(make_allocator("sara", k=8), env, UniformSampler(100), target_groups=10, max_rollouts=0)
 
 
-def test_sampler_epochs_are_permutations():
-    s = UniformSampler(50, seed=3, epochs=2)
+def test_sampler_pool_epochs_are_permutations():
+    s = UniformSampler(50, seed=3, pool_epochs=2)
     a, b = s.sample(50), s.sample(50)
     assert sorted(a) == list(range(50)) and sorted(b) == list(range(50)) and list(a) != list(b)
     assert len(s.sample(5)) == 0
@@ -90,16 +90,16 @@ def test_sampler_epochs_are_permutations():
 
 def test_wrong_abandons_counted_against_counterfactual():
     env = SimulatedEnv(np.full(500, 0.5), seed=0)  # every prompt is mixed with high probability
-    res = collect(make_allocator("sara:tau_low=0.6", k=8), env, UniformSampler(500), target_groups=50,
+    res = collect(make_allocator("sara_paper:tau_low=0.6", k=8), env, UniformSampler(500), target_groups=50,
                   observers=[WrongAbandons(env)])
     assert res.stats.abandoned_groups > 0
     assert res.stats.wrong_abandons == pytest.approx(res.stats.abandoned_groups, rel=0.1)
     env0 = SimulatedEnv(np.zeros(500))
-    res0 = collect(make_allocator("sara", k=8), env0, UniformSampler(500, epochs=1), target_groups=10,
+    res0 = collect(make_allocator("sara", k=8), env0, UniformSampler(500, pool_epochs=1), target_groups=10,
                    observers=[WrongAbandons(env0)])
     assert res0.stats.wrong_abandons == 0 and res0.stats.committed_groups == 0
     # Without an observer the driver does not ask the environment (stays None), and the groups are the same.
-    plain = collect(make_allocator("sara:tau_low=0.6", k=8), env, UniformSampler(500), target_groups=50)
+    plain = collect(make_allocator("sara_paper:tau_low=0.6", k=8), env, UniformSampler(500), target_groups=50)
     assert plain.stats.wrong_abandons is None and fingerprint(plain) == fingerprint(res)
 
 
@@ -129,8 +129,8 @@ def test_token_lengths_failures_longer():
     assert fail / ok == pytest.approx(1.5, rel=0.08)
 
 
-@pytest.mark.parametrize("spec", ["sara:tau_low=0.45", "sara:prior=empirical,tau_low=0.12", "sara:probe=2/1",
-                                  "sara:prior=history,tau_low=0.2,tau_high=0.5", "sara_tree", "sara_async"])
+@pytest.mark.parametrize("spec", ["sara_paper:tau_low=0.45", "sara_paper:prior=empirical,tau_low=0.12", "sara:probe=2/1",
+                                  "sara_paper:prior=history,tau_low=0.2,tau_high=0.5", "sara_tree", "sara"])
 def test_without_a_budget_every_committed_group_is_complete(spec):
     """Once the committed and filling groups cover the target nothing is probed any more, so the step never ends
     with mixed units cut short into partial groups (they would flatter rollouts per effective group)."""

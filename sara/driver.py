@@ -1,0 +1,367 @@
+"""THE collection loop: allocator x environment x prompt sampler, for synchronous rounds and streaming alike.
+
+Slots free up; the allocator names the units that get them (``dispatch``, fresh prompts through ``wants_prompts``
+when the open units leave slots idle); the rollouts run; results are delivered in whatever order they finish
+(``finished``); units close (commit / abandon / discard) and their rollouts still running are aborted. The step ends
+when the target is committed (or another stop condition), says why, and accounts every rollout started exactly once:
+committed, abandoned, discarded, aborted, or carried into the next step.
+
+``DriverConfig.barrier`` is the one switch between the two modes:
+
+* ``barrier=True`` (synchronous rounds, the default): a round dispatches everything the allocator wants, the
+  environment generates it in ONE batched call (``env.rollout``), and every result is delivered at once;
+* ``barrier=False`` (streaming): at most ``slots`` single rollouts in flight on a ``StreamingEnv`` (``submit`` /
+  ``poll`` / ``abort``), refilled as they finish. With ``carry_lag`` the open units and their running rollouts are
+  handed to the next step (``CollectResult.carry``) instead of being discarded; with ``complete_groups`` a step that
+  reaches its target waits for the groups still being filled.
+
+Rollout ``j`` of a unit gets the seed ``(seed, step, prompt, occurrence, j)`` in both modes, so the same allocator on
+the same environment commits the same groups whichever mode (and however many engines) generated them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from sara.allocators.base import BudgetAllocator
+from sara.config import ConfigError, SaraModel, validate_config
+from sara.envs.base import RolloutEnv, StreamingEnv
+from sara.samplers.base import PromptSampler
+from sara.step import CollectObserver, StepState, StreamCarry
+from sara.types import CollectResult, Rollout, RolloutRequest
+
+__all__ = ["DriverConfig", "StreamCarry", "collect", "release_carry"]
+
+
+class DriverConfig(SaraModel):
+    """How the collection loop drives an environment. Engines do not repeat these: an engine only reports its
+    capacity (``StreamingEnv.slots``)."""
+
+    barrier: bool = True
+    """True: synchronous rounds (a round is dispatched whole, generated in one batched ``env.rollout`` call and
+    delivered at once). False: streaming (single rollouts on a ``StreamingEnv``, refilled as they finish)."""
+    slots: int | None = Field(None, ge=1)
+    """Streaming: rollouts kept in flight at most (None = the environment's capacity, ``env.slots``)."""
+    carry_lag: int = Field(0, ge=0)
+    """Streaming: hand open units and their running rollouts to the next step (``CollectResult.carry``) while their
+    oldest rollout will be at most this many steps old when trained on; 0: abort and discard them at the step's end."""
+    lookahead: int | None = Field(None, ge=0)
+    """Streaming with carry-over: groups the allocator works ahead of the target (None = one more step's target)."""
+    complete_groups: bool = False
+    """Streaming: when the target is reached, wait until the groups being filled are complete (those young enough to
+    be carried are carried instead) rather than committing them with fewer than k rollouts."""
+    fill_idle: bool = False
+    """Streaming: while groups are still needed, admit a fresh prompt into every idle slot (work-conserving) instead
+    of the allocator's admission rule (more probes in flight, fewer idle slots)."""
+    max_rounds: int = Field(1000, ge=1)
+    """Synchronous rounds: stop after this many rounds (status 'max_rounds')."""
+    poll_timeout: float | None = Field(None, gt=0)
+    """Streaming: seconds one ``env.poll`` may wait (None = until a rollout finishes; in-process engines ignore it)."""
+
+    @model_validator(mode="after")
+    def _streaming_only(self) -> DriverConfig:
+        if self.barrier:
+            for name in ("carry_lag", "complete_groups", "fill_idle", "slots", "lookahead"):
+                if getattr(self, name) not in (0, False, None):
+                    raise ValueError(f"field '{name}': a streaming option; set barrier=false (driver 'stream') or "
+                                     f"drop it (synchronous rounds generate whole groups in batched calls)")
+        return self
+
+
+def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler, *, target_groups: int,
+            driver: DriverConfig | Mapping[str, Any] | None = None, max_rollouts: int | None = None, seed: int = 0,
+            step: int | None = None, eps: float | None = None, observers: Sequence[CollectObserver] = (),
+            carry: StreamCarry | None = None, policy_version: int | None = None) -> CollectResult:
+    """Run one collection step until ``target_groups`` groups are committed (or another stop condition).
+
+    Args:
+        allocator: Decides who gets rollouts; never calls ``env`` itself.
+        env: Generates and scores rollouts (``rollout`` per round; ``submit`` / ``poll`` / ``abort`` to stream).
+        sampler: Supplies fresh prompt indices into ``env.prompts``.
+        target_groups: Committed groups wanted (the batch size).
+        driver: ``DriverConfig`` (default: synchronous rounds).
+        max_rollouts: Hard budget of rollouts started in the step.
+        seed: Base seed of the rollouts.
+        step: Step index (default: the allocator's next step). Enters the rollout seeds.
+        eps: A committed group is effective when its reward std exceeds this (default: ``allocator.eps``).
+        observers: Analysis hooks told about every closed unit, e.g. ``WrongAbandons(env)``.
+        carry: The previous step's ``CollectResult.carry`` (streaming, same environment): re-admitted first.
+        policy_version: Weights version of the generator; stamped on delivered rollouts that carry none (a rollout
+            keeps the version it was started under, so carried rollouts are marked as the older weights').
+
+    Returns:
+        ``CollectResult``: committed groups (the batch), abandoned and discarded units, exact accounting (streaming:
+        ``aborted_rollouts`` / ``aborted_tokens`` / ``mean_inflight``), and ``carry``. ``stats.stop_reason`` is one
+        of ``target_reached``, ``max_rollouts``, ``max_rounds``, ``pool_exhausted``, ``allocator_done``.
+
+    Raises:
+        ConfigError: invalid options, an environment that cannot stream under ``barrier=False``, a carry under
+            synchronous rounds, or ``target_groups`` larger than what the sampler can supply.
+    """
+    cfg = driver if isinstance(driver, DriverConfig) else validate_config(DriverConfig, dict(driver or {}),
+                                                                          what="driver")
+    if target_groups < 1:
+        raise ConfigError(f"collect: field 'target_groups': {target_groups}; give at least 1")
+    if max_rollouts is not None and max_rollouts < 1:
+        raise ConfigError(f"collect: field 'max_rollouts': {max_rollouts}; give at least 1 or None")
+    room = sampler.capacity()
+    if room is not None and target_groups > room:
+        raise ConfigError(f"collect: field 'target_groups': {target_groups} groups asked but the sampler can supply "
+                          f"only {room} more prompts (sampling without replacement); lower target_groups or allow more "
+                          "pool epochs")
+    if not cfg.barrier and not isinstance(env, StreamingEnv):
+        raise ConfigError(f"driver: field 'barrier': {type(env).__name__} cannot stream (it needs slots, submit, poll "
+                          "and abort); use synchronous rounds (barrier=true)")
+    if carry is not None and cfg.barrier:
+        raise ConfigError("collect: field 'carry': only a streaming step hands units on; give carry=None")
+    if (cfg.carry_lag or carry is not None) and not allocator.carries_over:
+        raise ConfigError(f"driver: field 'carry_lag': {allocator.name!r} does not carry units over between steps; "
+                          "give carry_lag=0")
+    cap = sys.maxsize if cfg.barrier else int(cfg.slots or env.slots)  # type: ignore[attr-defined]
+    lookahead = (target_groups if cfg.lookahead is None else cfg.lookahead) if cfg.carry_lag else 0
+    st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed, max_rollouts=max_rollouts,
+                         eps=eps, observers=observers, lookahead=lookahead)
+    run = _Flight(allocator, env, st, cfg, policy_version)
+    if carry is not None:
+        run.take(carry)
+    timer, stop = st.timer, ""
+    while not stop:
+        if len(st.committed) >= target_groups:
+            waiting = _unfinished(allocator, st, cfg.carry_lag) if cfg.complete_groups else ()
+            if len(waiting) == 0 or not run.fill(waiting, cap, max_rollouts):
+                stop = "target_reached"
+            continue
+        budget = sys.maxsize if max_rollouts is None else max_rollouts - run.started
+        if cfg.barrier and (st.rounds >= cfg.max_rounds or budget <= 0):
+            stop = "max_rounds" if st.rounds >= cfg.max_rounds else "max_rollouts"
+            break
+        idle = cap - len(run.live)
+        room = idle if cfg.barrier else min(idle, budget)  # a round admits regardless of the budget (then cut)
+        with timer("allocator"):
+            ids = allocator.dispatch(min(idle, budget))
+            prefixes = allocator.prefix(ids)
+            m = 0
+            if not st.exhausted:
+                m = (room - len(ids) if cfg.fill_idle and allocator.needed() > 0
+                     else allocator.wants_prompts(room - len(ids)))
+        if m > 0:
+            st.admit(sampler, m)
+            with timer("allocator"):
+                more = allocator.dispatch(min(idle, budget) - len(ids))
+                ids, prefixes = np.concatenate([ids, more]), prefixes + allocator.prefix(more)
+        cut = cfg.barrier and len(ids) == budget and _wants_more(allocator)
+        run.submit(ids, prefixes)
+        if not run.live:
+            spent = max_rollouts is not None and run.started >= max_rollouts
+            stop = "max_rollouts" if spent else ("pool_exhausted" if st.exhausted else "allocator_done")
+            break
+        run.wait()
+        if cut:  # the round was cut to fit the budget: the step ends
+            stop = "max_rollouts"
+    handed = run.hand_on(cfg.carry_lag) if cfg.carry_lag else None  # before end_step closes the open units
+    run.abort_units(np.unique(np.fromiter((u for u, _ in run.live.values()), np.int64, count=len(run.live))))
+    with timer("allocator"):
+        closed = allocator.end_step()
+    st.close(*closed)
+    sampler.update(*allocator.observations(), st.step)
+    res = st.result(stop)
+    if run.started + run.carried_in != res.stats.rollouts + run.aborted + run.carried_out:
+        raise AssertionError(f"accounting broken: {run.started} rollouts started + {run.carried_in} carried in, "
+                             f"{res.stats.rollouts} delivered, {run.aborted} aborted, {run.carried_out} carried out")
+    stats = dataclasses.replace(res.stats, aborted_rollouts=run.aborted, aborted_tokens=run.aborted_tokens,
+                                mean_inflight=run.inflight_sum / run.polls if run.polls else 0.0,
+                                carried_in_inflight=run.carried_in, carried_out_inflight=run.carried_out)
+    return dataclasses.replace(res, stats=stats, carry=handed)
+
+
+def release_carry(env: StreamingEnv, carry: StreamCarry | None) -> int:
+    """Abort the running rollouts of a carry that will not be used (end of a run, a checkpoint); returns the tokens
+    they had generated."""
+    if carry is None or not carry.live:
+        return 0
+    return int(env.abort(list(carry.live)))
+
+
+def _wants_more(allocator: BudgetAllocator) -> bool:
+    """Whether some open unit still wants rollouts beyond those in flight (a round cut by the budget)."""
+    ids, want = allocator.demand()
+    return bool((want > allocator.inflight(ids)).any())
+
+
+def _unfinished(allocator: BudgetAllocator, st: StepState, carry_lag: int) -> np.ndarray:
+    """Groups being filled that the step must finish (``complete_groups``): all of them, or with carry-over those too
+    old to be carried."""
+    ids = np.asarray(allocator.filling(), np.int64)
+    return ids[st.step + 1 - st.born[ids] > carry_lag] if carry_lag else ids
+
+
+_TAGS = itertools.count()
+"""Rollout tags of every step in this process (increasing; an engine may order by them)."""
+
+
+class _Flight:
+    """The rollouts of one step between dispatch and delivery: tags, submission, rounds or polls, aborts, carry."""
+
+    def __init__(self, allocator: BudgetAllocator, env: Any, st: StepState, cfg: DriverConfig,
+                 version: int | None) -> None:
+        self.allocator, self.env, self.st, self.cfg, self.version = allocator, env, st, cfg, version
+        self.live: dict[int, tuple[int, int]] = {}  # tag -> (unit id, index j in the unit), in submission order
+        self.queued: list[tuple[int, RolloutRequest]] = []  # barrier: the round being assembled
+        self.born: dict[int, int | None] = {}  # tag -> policy version it was started under (carried tags: older)
+        self.started = self.aborted = self.aborted_tokens = self.polls = self.inflight_sum = 0
+        self.carried_in = self.carried_out = 0
+
+    def take(self, carry: StreamCarry) -> None:
+        """Re-admit the previous step's carried units (before any fresh prompt) and adopt their running rollouts."""
+        st = self.st
+        st.readmit(carry.pool_index, carry.born, carry.started, carry.rollouts)
+        inflight = np.bincount(np.fromiter((u for u, _, _ in carry.live.values()), np.int64, count=len(carry.live)),
+                               minlength=len(carry.pool_index))
+        rewards = [np.fromiter((r.reward for r in rs), np.float64, count=len(rs)) for rs in carry.rollouts]
+        with st.timer("allocator"):
+            ids, closed, decisions = self.allocator.carry_in(carry.pool_index, rewards, inflight)
+        if not np.array_equal(ids, np.arange(len(carry.pool_index))):
+            raise AssertionError("carry: re-admitted units must be the step's first units")
+        for tag, (u, j, version) in carry.live.items():
+            self.live[tag], self.born[tag] = (int(ids[u]), j), version
+        self.carried_in = len(carry.live)
+        st.close(closed, decisions)
+        self.abort_units(np.asarray(closed, np.int64))
+
+    def hand_on(self, lag: int) -> StreamCarry | None:
+        """The open units young enough for ``lag`` (and their running rollouts) leave the step for the next one."""
+        st = self.st
+        units = st.open_units()
+        units = units[st.step + 1 - st.born[units] <= lag]
+        if len(units) == 0:
+            return None
+        pos = {u: i for i, u in enumerate(units.tolist())}
+        live = {t: (pos[u], j, self.born.pop(t, None)) for t, (u, j) in list(self.live.items()) if u in pos}
+        for t in live:
+            del self.live[t]
+        with st.timer("allocator"):
+            self.allocator.carry_out(units)
+        st.hand_on(units)
+        self.carried_out = len(live)
+        return StreamCarry(step=st.step, pool_index=st.pool_index(units), born=st.born[units].copy(),
+                           started=st.started[units].copy(), rollouts=tuple(tuple(st.rollouts_of[u]) for u in units),
+                           live=live)
+
+    def fill(self, waiting: np.ndarray, cap: int, max_rollouts: int | None) -> bool:
+        """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight (with
+        carry-over it keeps running and dispatching), start their missing rollouts, poll. False when nothing is left
+        to wait for (the budget is spent)."""
+        keep_others = bool(self.cfg.carry_lag)
+        if not keep_others:
+            self.abort_units(np.setdiff1d(np.fromiter((u for u, _ in self.live.values()), np.int64,
+                                                      count=len(self.live)), waiting))
+        free = cap - len(self.live)
+        if max_rollouts is not None:
+            free = min(free, max_rollouts - self.started)
+        with self.st.timer("allocator"):
+            ids = self.allocator.dispatch(free, only=None if keep_others else waiting)
+            prefixes = self.allocator.prefix(ids)
+        self.submit(ids, prefixes)
+        if not self.live:
+            return False
+        self.wait()
+        return True
+
+    def submit(self, ids: np.ndarray, prefixes: Sequence[str]) -> None:
+        """Start one rollout per entry of ``ids`` (seeds from ``StepState.launch``): queued for the round (barrier)
+        or submitted to the engine (streaming)."""
+        if len(ids) == 0:
+            return
+        st, prompts = self.st, self.env.prompts
+        seeds, js = st.launch(ids)
+        items = []
+        for u, p, s, j, pre in zip(ids.tolist(), st.pool_index(ids).tolist(), seeds.tolist(), js.tolist(), prefixes):
+            tag = next(_TAGS)  # unique across steps: a late completion of an aborted tag can never match a new one
+            items.append((tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),), prefix=pre)))
+            self.live[tag] = (u, j)
+            self.born[tag] = self.version
+        self.started += len(ids)
+        if self.cfg.barrier:
+            self.queued.extend(items)
+            return
+        with st.timer("env"):
+            self.env.submit(items)
+
+    def wait(self) -> None:
+        """Deliver rollouts: the whole queued round in one batched call (barrier), or one ``env.poll`` (streaming);
+        close units and abort what closed units still have running."""
+        st = self.st
+        if self.cfg.barrier:
+            done = self._round()
+        else:
+            self.polls += 1
+            self.inflight_sum += len(self.live)
+            with st.timer("env"):
+                done = self.env.poll(self.cfg.poll_timeout)
+        keep: list[tuple[int, Rollout]] = []
+        for tag, r in done:
+            if tag in self.live:
+                keep.append((tag, r))
+            else:  # finished before its abort reached the engine: already counted as aborted
+                self.aborted_tokens += int(r.num_tokens)
+        if not keep:
+            return
+        where = [self.live.pop(tag) for tag, _ in keep]
+        got = [r if r.policy_version is not None or self.born.get(t) is None
+               else dataclasses.replace(r, policy_version=self.born[t]) for t, r in keep]
+        for t, _ in keep:
+            self.born.pop(t, None)
+        unit_ids = np.fromiter((u for u, _ in where), np.int64, count=len(where))
+        index = np.fromiter((j for _, j in where), np.int64, count=len(where))
+        flat_ids, rewards = st.record(unit_ids, got)
+        with st.timer("allocator"):
+            closed, decisions = self.allocator.finished(flat_ids, rewards, index)
+        st.close(closed, decisions)
+        self.abort_units(np.asarray(closed, np.int64))
+
+    def _round(self) -> list[tuple[int, Rollout]]:
+        """Generate the queued round in one ``env.rollout`` call: consecutive rollouts of a unit with the same prefix
+        form one request (several seeds); results come back tagged, in dispatch order."""
+        items, self.queued = self.queued, []
+        requests: list[RolloutRequest] = []
+        tags: list[list[int]] = []
+        for tag, req in items:
+            last = requests[-1] if requests else None
+            if last is not None and last.unit_id == req.unit_id and last.prefix == req.prefix:
+                requests[-1] = dataclasses.replace(last, seeds=last.seeds + req.seeds)
+                tags[-1].append(tag)
+            else:
+                requests.append(req)
+                tags.append([tag])
+        with self.st.timer("env"):
+            results = self.env.rollout(requests)
+        if len(results) != len(requests) or any(len(r) != q.n for r, q in zip(results, requests)):
+            raise RuntimeError(f"{type(self.env).__name__}.rollout returned a wrong number of rollouts for the round")
+        return [(t, r) for ts, rs in zip(tags, results) for t, r in zip(ts, rs)]
+
+    def abort_units(self, units: np.ndarray) -> None:
+        """Cancel every in-flight rollout of ``units`` (on the engine and in the allocator's bookkeeping)."""
+        if len(units) == 0 or not self.live:
+            return
+        with self.st.timer("allocator"):
+            busy = units[self.allocator.inflight(units) > 0]
+        if len(busy) == 0:
+            return
+        kill = set(busy.tolist())
+        tags = [t for t, (u, _) in self.live.items() if u in kill]
+        for t in tags:
+            del self.live[t]
+            self.born.pop(t, None)
+        if tags and not self.cfg.barrier:
+            with self.st.timer("env"):
+                self.aborted_tokens += int(self.env.abort(tags))
+        with self.st.timer("allocator"):
+            self.allocator.abort(busy)
+        self.aborted += len(tags)

@@ -1,0 +1,42 @@
+"""Prompt samplers: which prompts are drawn (uniform, predictive); the ``SAMPLERS`` registry and ``make_sampler``.
+
+Samplers use the priors (``sara.priors``): the predictive sampler keeps a per-prompt ``HistoryPrior`` and lends it to
+an allocator (``sara.allocators.compose``), never the reverse.
+"""
+
+from __future__ import annotations
+
+from sara.config import ConfigError
+from sara.registry import Registry
+from sara.samplers.base import PromptSampler, UniformSampler, UniformSamplerConfig
+
+__all__ = ["SAMPLERS", "PromptSampler", "UniformSampler", "UniformSamplerConfig", "make_sampler"]
+
+SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler")
+SAMPLERS.register("uniform", UniformSampler)
+SAMPLERS.register("predictive", "sara.samplers.predictive:PredictiveSampler")
+
+
+def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k: int | None = None) -> PromptSampler:
+    """Build a sampler from ``"name"`` / ``"name:key=value,..."`` for a pool of ``pool_size`` prompts.
+
+    ``k`` (the run's group size) is passed to samplers that score groups (``takes_k``); a spec that sets another
+    ``k`` is an error (the group size has one source: the training config).
+
+    Raises:
+        ConfigError: unknown sampler, invalid option, or a ``k`` that disagrees with the run's.
+    """
+    if isinstance(spec, PromptSampler):
+        return spec
+    cls, options = SAMPLERS.from_spec(spec)
+    if not (isinstance(cls, type) and issubclass(cls, PromptSampler)):
+        raise ConfigError(f"sampler {spec!r} does not name a PromptSampler subclass")
+    if k is not None and cls.takes_k:
+        if "k" in options and int(options["k"]) != int(k):
+            raise ConfigError(f"sampler {spec!r}: field 'k': {options['k']} disagrees with the run's k={k}; drop k "
+                              "from the sampler spec (the group size comes from the training config)")
+        options = {**options, "k": int(k)}
+    try:
+        return cls(pool_size, seed=seed, **options)
+    except TypeError as exc:
+        raise ConfigError(f"sampler {spec!r}: {exc}") from None
