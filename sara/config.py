@@ -3,7 +3,7 @@
 Every config model forbids unknown fields, and every validation error is re-raised as ``ConfigError`` naming the
 offending field and what to change, e.g.::
 
-    ConfigError: allocator 'sara': field 'tau_low': Input should be less than or equal to 1 (got '1.5')
+    ConfigError: allocator 'sara_paper': field 'tau_low': Input should be less than or equal to 1 (got '1.5')
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ the HF and the vLLM backend load. The result is cached under ``$SARA_CACHE_DIR/m
 
 Any local HF model directory works wherever a model name does: ``resolve_model("/path/to/model")`` returns it as is.
 
-Loading, shared by the HF policy and the HF / vLLM backends (so neither imports the other): ``load_hf_model`` /
-``resolve_hf_model`` give ``(model, tokenizer)`` from a prepared name or directory, and ``generator_state`` drops the
-entries a policy adds beside the causal LM's own weights (``NON_MODEL_PREFIXES``) before they go to a generator.
+Loading, shared by the HF policy and the HF / vLLM backends (so neither imports the other): ``load_hf_model`` gives
+``(model, tokenizer)`` and ``resolve_hf_model`` ``(config, model, tokenizer)`` from a prepared name or directory, and
+``generator_state`` drops the entries a policy adds beside the causal LM's own weights (``NON_MODEL_PREFIXES``)
+before they go to a generator.
 
 Heavy imports (torch, transformers) happen inside functions only.
 """

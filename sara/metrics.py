@@ -239,8 +239,8 @@ class OutcomeCounts:
         posterior-predictive P(mixed) under a mixture over success rates (a grid including 0 and 1, as the allocator's
         own prior) fitted per group by EM to ALL that group's closed units' (n, s). That is valid because the stopping
         rule depends only on observed outcomes. A single Beta cannot hold "never solved" next to "sometimes solved":
-        on the default pool it credited the 4-digit prompts abandoned after one failure with a 3-digit prompt's chance
-        of mixing and cut the estimate of what DS would have spent by a third (45,509 vs a real 70,496).
+        on the default pool it credits the 4-digit prompts abandoned after one failure with a 3-digit prompt's chance
+        of mixing and puts what DS would have spent a third too low (45,509 against a real 70,496).
         """
         import numpy as np
 
@@ -264,5 +264,5 @@ class OutcomeCounts:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.k = int(state["k"])
-        rows = [r if len(r) == 5 else [0, *r] for r in state["rows"]]  # 4-column rows: before groups, one population
+        rows = [r if len(r) == 5 else [0, *r] for r in state["rows"]]  # 4-column rows carry no group: group 0
         self.counts = {(int(g), int(n), int(s), int(e)): float(c) for g, n, s, e, c in rows}

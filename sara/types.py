@@ -190,9 +190,11 @@ class CollectStats:
         stop_reason: Why the loop stopped: ``target_reached``, ``max_rollouts``, ``max_rounds``,
             ``pool_exhausted``, ``allocator_done`` (e.g. DS hit ``max_gen_batches``).
         target_groups: The requested number of effective/committed groups.
-        allocator_seconds: CPU time spent inside the allocator (plan + observe + admit).
+        allocator_seconds: Wall time spent inside the allocator's calls (step start and end, dispatch, admission,
+            delivered results, aborts, carry-over).
         env_seconds: Wall time spent inside the environment.
-        decisions: Number of per-unit decisions made (one per unit per observed round).
+        decisions: Per-unit decisions the allocator made in the step (its ``alloc/decisions`` counter: sequential
+            rules decide each probing unit a delivery reaches, full-group allocators each complete group).
         wrong_abandons: Abandoned units whose full size-k group would have been mixed (only when the environment can
             tell, e.g. the simulator; else ``None``).
         effective_rollouts: Rollouts inside effective committed groups.

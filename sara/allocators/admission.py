@@ -5,10 +5,10 @@ groups still needed. That needs P(commit) of a fresh unit and of each unit still
 the committed share of the units decided so far, is badly biased: decisions arrive at different depths. A rule that
 abandons after one identical outcome (SARA with a learned, lopsided prior) decides most units after their first
 rollout, while a commit needs a mixed prefix (two rollouts or more), so after the first round the decided units are
-all abandoned ones, the share is ~0, and the allocator admitted 16x what it needed (the 1/16 floor): 2.5x the target
-committed per step on the tiny policy. Counting the units still probing at the end of a step as failures fed the bias
-across steps. And the survivors of such a rule are the units whose first outcome was the minority one, several times
-likelier to commit than a fresh unit, so counting each in-flight unit as one fresh unit over-admits as well.
+all abandoned ones, the share is ~0, and the allocator would admit 16x what it needs (the 1/16 floor), committing far
+more than the target per step. Counting the units still probing at the end of a step as failures would carry the bias
+into the next steps. And the survivors of such a rule are the units whose first outcome was the minority one, several
+times likelier to commit than a fresh unit, so counting each in-flight unit as one fresh unit over-admits as well.
 
 ``CommitPaths`` estimates instead, nonparametrically, the chain a unit walks through: after each probing round an
 unmixed unit sits in state ``(j, side)`` (j rounds, all outcomes identical, on the failing or the succeeding side),

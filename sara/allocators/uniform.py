@@ -98,7 +98,8 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
     config: DynamicSamplingConfig
 
     def effective_fraction(self) -> float:
-        """``expected_effective``, or the step's committed share of finished groups so far (1.0 before any)."""
+        """``expected_effective``, or the step's committed share of finished groups so far, smoothed as
+        ``(committed + 0.5) / (finished + 1)`` (1.0 before any)."""
         if self.config.expected_effective is not None:
             return self.config.expected_effective
         st = self.units.status

@@ -5,7 +5,7 @@ Token ``t`` of the completion with seed ``s`` is drawn by inverse-CDF sampling w
 
 The inverse CDF is searched in two levels (block sums of ``BLOCK`` tokens, then the tokens of one block) instead of
 one float64 cumulative sum over the whole vocabulary: on a 49k vocabulary that is ~2.5x less memory traffic per
-decode step, and the sampler was 5-7% of an HF decode step on CPU. Block sums are float32 (relative error ~1e-7),
+decode step (a whole-vocabulary cumulative sum costs 5-7% of an HF decode step on CPU). Block sums are float32 (relative error ~1e-7),
 the running sums float64; a zero-weight token is never drawn.
 """
 

@@ -16,7 +16,7 @@ TRL's ``RolloutWorkerProtocol``:
 ``worker.weight_transfer()`` is the matching ``WeightTransferProtocol``: ``pause`` waits for the round in flight,
 ``send_weights`` loads the trainer's parameters into the backend (``backend.update_weights(state, version)``) and
 ``resume`` lets the next round start. TRL's own vLLM-server path (NCCL weight transfer to ``trl vllm-serve``) is not
-used: it needs CUDA, which this integration was not tested on.
+used: it needs CUDA, and this integration is tested on CPU.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ ends with the segment itself, so causal alignment is bottom-right). The dense ma
 tokens: fine for the few thousand tokens of a CPU row, not meant for long GPU rows (there, TRL's kernel is used).
 
 The trainer registers its kernel in ``__init__`` and transformers looks the function up on every forward, so call
-``use_cpu_tree_attention()`` after the trainer is built (``sara.integrations.trl_async.make_cpu_trainer`` does).
+``use_cpu_tree_attention()`` after the trainer is built (``sara.integrations.trl_trainer.async_grpo_trainer`` does).
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ class Prior(ABC):
         """Per-unit prior parameters, e.g. ``{"alpha0": [m], "beta0": [m]}``."""
 
     def refresh(self, table: UnitTable) -> bool:
-        """Refit on the running step's units and rewrite ``table.prior`` in place; True when it changed. Default:
-        nothing to refit."""
+        """Refit on the running step's units; True when the fit changed. A prior whose parameters live in
+        ``table.prior`` (alpha0 / beta0) rewrites them in place; a grid prior's weights are read by the rule directly.
+        Default: nothing to refit."""
         return False
 
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:  # noqa: B027

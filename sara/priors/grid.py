@@ -110,7 +110,8 @@ class GridPrior(Prior):
         return self.weights is not before
 
     def refresh(self, table: UnitTable) -> bool:
-        """Refit on history + the running step when the data grew enough; True when the weights changed."""
+        """Refit on history + the running step when the data grew enough; True when the weights changed
+        (``table.prior`` is left as admitted: the optimal rule reads the weights)."""
         data = int(table.n.sum()) + sum(int(h[:, 0].sum()) for h in self._hist)
         if not self.fit or data < self.refit_growth * max(self._fitted_on, 1):
             return False

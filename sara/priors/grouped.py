@@ -112,7 +112,6 @@ class GroupedGridPrior(GridPrior):
         """``[groups, G]`` grid weights of every group."""
         return self.group_w
 
-    # ---- fitting -----------------------------------------------------------------------------------------------
     def group_share(self) -> np.ndarray:
         """``[groups]`` share of the units drawn from each group (add-one smoothed) in the fitted window."""
         return self.share

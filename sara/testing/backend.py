@@ -57,8 +57,8 @@ def check_backend(backend: Any, *, state_dict: Mapping[str, Any] | None = None, 
             them. Required: pass the policy's state dict (an empty ``{}`` for a backend without weights).
         prompts: Two or more prompts the backend accepts (text, or chat messages for chat backends).
         max_new_tokens: The round's token cap (the second request asks for half of it).
-        seeded: Whether completions are a function of their seeds; ``None`` = ``backend.per_request_seeds`` if the
-            backend has that attribute, else ``True``.
+        seeded: Whether completions are a function of their seeds; ``None`` = ``backend.per_request_seeds`` for a
+            ``SeedAware`` backend, else ``True``.
         temperature: Sampling temperature of the round.
 
     Returns:

@@ -63,8 +63,8 @@ TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 1500, "target_los
 """``policy_options`` of a ``tiny`` policy when none are given: a supervised warm start to a mean loss of 0.81 (at
 most 1500 steps), which leaves most of the default pool's k-groups saturated (1-digit sums mostly solved, 3- and
 4-digit ones unsolved) and the 2-digit band learnable, so held-out accuracy keeps rising through a run
-(docs/tasks.md). A loss, not a step count: 600 steps, the default before, started at 15% held-out accuracy on one
-machine and 36% on another (``WarmStartConfig.target_loss``)."""
+(docs/tasks.md). A loss, not a step count: the same number of steps lands at different losses on different machines
+(600 steps give 15% held-out accuracy on one and 36% on another; ``WarmStartConfig.target_loss``)."""
 
 
 class TrainConfig(SaraModel):
@@ -102,7 +102,7 @@ class TrainConfig(SaraModel):
     """Allocator spec, e.g. ``"sara"``, ``"sara_paper:tau_low=0.45"``, ``"ds"``, ``"uniform"`` (see
     ``sara.allocators``)."""
     sampler: str = "uniform"
-    """Prompt sampler spec (see ``sara.allocators.SAMPLERS``)."""
+    """Prompt sampler spec, e.g. ``"uniform"``, ``"predictive:decay=0.95"`` (see ``sara.samplers.SAMPLERS``)."""
     k: int = Field(8, ge=2)
     """Group size (rollouts per prompt when a group is complete): the one source of ``k`` for the allocator, the
     sampler and the DS estimate (an allocator or sampler spec that sets another ``k`` is an error)."""

@@ -32,8 +32,7 @@ Actors whose backend / env does not stream run its batch call on their queued re
 Modules: ``config`` (``RayPoolConfig``, ``RayTrainOptions``; light, the trainer's config imports it), ``cluster``
 (``init_ray``), ``splitter`` (``TokenEstimator``, ``split_round``), ``actor`` (the worker body, ``build_object``),
 ``base`` (the shared pool machinery), ``stream`` (streaming, the pools' base), ``pool`` (the two pools, ``ray_backend_factory``). The names below are imported
-on first use and ``ray`` itself only when a pool starts, so ``import sara.backends.ray`` stays light. (Was
-``sara.envs.backends.ray_pool``.)
+on first use and ``ray`` itself only when a pool starts, so ``import sara.backends.ray`` stays light.
 """
 
 

@@ -45,6 +45,8 @@ class Task:
         stop: Suggested stop strings for generation.
         max_new_tokens: Suggested generation length (``None`` = the backend's setting).
         description: One line for listings.
+        metadata: Free-form extras of the task (its factory's ``config``; ``alphabet``: the characters its prompts
+            and answers use, read by the tiny policy; a mixture's ``components`` counts).
     """
 
     id: str
