@@ -31,14 +31,15 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from sara.config import SaraError, validate_config
 from sara.storage import cache_root, file_lock
 
 __all__ = ["MODELS", "ModelSource", "ModelPrepareError", "RegistryUnreachableError", "cache_root", "model_dir",
            "is_prepared", "prepare_model", "resolve_model", "load_hf_model", "resolve_hf_model", "generator_state",
-           "NON_MODEL_PREFIXES", "TorchCompanionError", "broken_torch_companions", "check_torch_companions"]
+           "NON_MODEL_PREFIXES", "TorchCompanionError", "broken_torch_companions", "check_torch_companions",
+           "HoldsHFModel"]
 
 MARKER = ".sara-prepared.json"
 """File written last into a prepared model directory (its presence means the directory is complete)."""
@@ -297,13 +298,26 @@ def _convert(gguf: Path, out: Path, *, dtype: str, verbose: bool) -> None:
 
 # --------------------------------------------------------------------------------------------------- loading
 
+@runtime_checkable
+class HoldsHFModel(Protocol):
+    """An object holding a transformers causal LM as ``resolve_hf_model`` gives it (``HFPolicy``, ``HFBackend``): its
+    config (``config.model``: the prepared name or directory it was loaded from), the module and its tokenizer. The
+    HF backend copies or shares such a policy's module; the vLLM backend loads its ``config.model``."""
+
+    config: Any
+    model: Any
+    tokenizer: Any
+
+
 NON_MODEL_PREFIXES: tuple[str, ...] = ("value_head.",)
 """State-dict key prefixes a policy may add beside the causal LM's own weights (never sent to a generator)."""
 
 
 def generator_state(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     """The causal-LM weights of a policy state dict (value-head entries dropped, tensors detached)."""
-    return {k: (v.detach() if hasattr(v, "detach") else v) for k, v in state_dict.items()
+    import torch
+
+    return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in state_dict.items()
             if not k.startswith(NON_MODEL_PREFIXES)}
 
 

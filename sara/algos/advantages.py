@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import Field
 from torch import Tensor
@@ -62,6 +62,7 @@ __all__ = [
     "AdvantageInputs",
     "AdvantageRegistry",
     "EstimatorParams",
+    "OutcomeLevelFlag",
     "WHITEN_EPS",
     "broadcast_to_tokens",
     "build_token_rewards",
@@ -115,6 +116,14 @@ AdvantageFn = Callable[..., tuple[Tensor, Tensor | None]]
 
 
 # ---------------------------------------------------------------------------------------------------------- registry
+@runtime_checkable
+class OutcomeLevelFlag(Protocol):
+    """An estimator function that says itself whether it is outcome-level (``fn.outcome_level = True``): how a
+    ``"module:attr"`` estimator that is not registered carries the flag."""
+
+    outcome_level: bool
+
+
 class AdvantageRegistry(Registry[AdvantageFn]):
     """The ``Registry`` of advantage estimators, plus a per-estimator ``outcome_level`` flag.
 
@@ -122,7 +131,7 @@ class AdvantageRegistry(Registry[AdvantageFn]):
     so a KL penalty folded into the token rewards (``kl_mode="reward"``) would be silently ignored by it;
     ``AlgoSpec`` rejects that combination for every estimator flagged here. Register yours with
     ``ADVANTAGES.register("mine", fn, outcome_level=True)`` (or as a decorator); a ``"module:attr"`` estimator that
-    is not registered can carry the flag as a function attribute ``fn.outcome_level = True``.
+    is not registered can carry the flag as a function attribute ``fn.outcome_level = True`` (``OutcomeLevelFlag``).
     """
 
     def __init__(self, kind: str) -> None:
@@ -159,7 +168,10 @@ class AdvantageRegistry(Registry[AdvantageFn]):
         Raises:
             KeyError: unknown estimator.
         """
-        return self._outcome_level.get(name, False) or bool(getattr(self.get(name), "outcome_level", False))
+        if self._outcome_level.get(name, False):
+            return True
+        fn = self.get(name)
+        return isinstance(fn, OutcomeLevelFlag) and bool(fn.outcome_level)
 
     def outcome_level_names(self) -> frozenset[str]:
         """Registered estimators flagged outcome-level."""

@@ -39,7 +39,7 @@ from sara.backends.text import encode_prompt, eos_ids, find_stop
 from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
-from sara.hub import generator_state, load_hf_model, resolve_hf_model
+from sara.hub import HoldsHFModel, generator_state, load_hf_model, resolve_hf_model
 
 __all__ = ["HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
 
@@ -321,7 +321,8 @@ class HFBackend:
             raise ValueError(f"weights version must increase: got {version} after {self.version}")
         state = generator_state(state_dict)
         own = self.model.state_dict()
-        if not all(k in own and own[k].data_ptr() == v.data_ptr() for k, v in state.items() if hasattr(v, "data_ptr")):
+        if not all(k in own and own[k].data_ptr() == v.data_ptr() for k, v in state.items()
+                   if isinstance(v, torch.Tensor)):
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
             if unexpected or set(missing) - tied:
@@ -348,15 +349,15 @@ class HFBackend:
 def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> HFBackend:
     """Backend factory for ``BACKENDS["hf"]``.
 
-    With an ``HFPolicy`` the backend generates from the policy's weights: the policy's own module when
-    ``share_policy=true``, else a copy in the backend's ``dtype`` (the default); without a policy it loads
-    ``options["model"]``.
+    With a policy that holds a causal LM (``HoldsHFModel``: an ``HFPolicy``) the backend generates from the policy's
+    weights: the policy's own module when ``share_policy=true``, else a copy in the backend's ``dtype`` (the default);
+    with any other policy, or none, it loads ``options["model"]``.
     """
     opts = dict(options or {})
     cfg = validate_config(HFBackendConfig, opts, what="backend 'hf'")
-    module = getattr(policy, "model", None)
-    if module is None:
+    if not isinstance(policy, HoldsHFModel):
         return HFBackend(**opts)
+    module = policy.model
     if cfg.share_policy:
         return HFBackend(module, policy.tokenizer, **opts)
     import copy

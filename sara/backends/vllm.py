@@ -42,7 +42,7 @@ from sara.backends.text import encode_prompt
 from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
-from sara.hub import check_torch_companions, generator_state, resolve_model
+from sara.hub import HoldsHFModel, check_torch_companions, generator_state, resolve_model
 from sara.storage import cache_root
 
 __all__ = ["VLLMBackend", "VLLMBackendConfig", "SaraWorkerExtension", "make_vllm_backend"]
@@ -264,16 +264,15 @@ class VLLMBackend:
 
 
 def make_vllm_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> VLLMBackend:
-    """Backend factory for ``BACKENDS["vllm"]``: an engine on ``options["model"]`` (default: the policy's model).
+    """Backend factory for ``BACKENDS["vllm"]``: an engine on ``options["model"]`` (default: the model a
+    ``HoldsHFModel`` policy was loaded from, its ``config.model``).
 
     The engine loads the model from disk; the trainer's ``update_weights`` after each optimizer step keeps it in sync.
     ``engine=async`` gives a ``VLLMAsyncBackend`` (streaming).
     """
     opts = dict(options or {})
-    if "model" not in opts and policy is not None and getattr(policy, "config", None) is not None:
-        model = getattr(policy.config, "model", None)
-        if isinstance(model, str):
-            opts["model"] = model
+    if "model" not in opts and isinstance(policy, HoldsHFModel) and isinstance(policy.config.model, str):
+        opts["model"] = policy.config.model
     if opts.get("engine") == "async":
         from sara.backends.vllm_async import VLLMAsyncBackend
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["Completion", "EnvWrapper", "GenerationBackend", "GenerationRequest", "RolloutEnv", "SamplingConfig",
-           "SeedAware", "StreamingBackend", "StreamingEnv", "Versioned"]
+__all__ = ["Closeable", "Completion", "EnvWrapper", "GenerationBackend", "GenerationRequest", "RolloutEnv",
+           "SamplingConfig", "SeedAware", "StreamingBackend", "StreamingEnv", "UpdatesWeights", "Versioned"]
 
 
 @runtime_checkable
@@ -185,6 +185,22 @@ class GenerationBackend(Protocol):
     def close(self) -> None:
         """Release engines, processes and memory."""
         ...
+
+
+@runtime_checkable
+class UpdatesWeights(Protocol):
+    """An object that loads new policy weights (every ``GenerationBackend``; an environment that owns its backend may
+    offer it too). A Ray worker refuses a weight broadcast to an object without it."""
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """An object holding engines, processes or workers that ``close`` releases (backends, ``TaskEnv``); a Ray worker
+    closes its object with it when the pool closes."""
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable

@@ -24,7 +24,7 @@ from sara.envs.tasks import Task, make_task
 from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchScorer
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["ChatRenderer", "TaskEnv"]
+__all__ = ["ChatRenderer", "ReportsVerifierFailures", "TaskEnv"]
 
 
 @runtime_checkable
@@ -32,6 +32,15 @@ class ChatRenderer(Protocol):
     """A backend that turns chat messages into prompt text with its tokenizer's template (hf, vllm)."""
 
     def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str: ...
+
+
+@runtime_checkable
+class ReportsVerifierFailures(Protocol):
+    """An environment that keeps the latest ``(completion, what went wrong)`` its verifier raised or timed out on
+    (``TaskEnv``), so a run stopped by a broken verifier can show an example."""
+
+    last_verifier_failure: tuple[str, str] | None
+
 
 _STATUS = {OK: "ok", NOT_APPLICABLE: "not_applicable", ERROR: "error", TIMEOUT: "timeout"}
 

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from sara.config import SaraError
+from sara.envs.task_env import ReportsVerifierFailures
 from sara.step import CollectObserver
 
 __all__ = ["StopSignals", "VerifierHealth", "VerifierFailure"]
@@ -62,8 +63,8 @@ class VerifierHealth(CollectObserver):
     of the step (``end``) whatever the count.
 
     Args:
-        env: The training ``TaskEnv`` (its ``metrics()`` holds the cumulative verifier counters of its scorer, and
-            ``last_verifier_failure`` an example).
+        env: The training ``TaskEnv`` (its ``metrics()`` holds the cumulative verifier counters of its scorer; as a
+            ``ReportsVerifierFailures``, its ``last_verifier_failure`` is the example the error shows).
         verifier: The verifier, for the error message.
         max_share: Largest tolerated share of a step's rollouts with a verifier error or timeout.
         min_rollouts: Rollouts a step needs before it is judged mid-step.
@@ -97,7 +98,7 @@ class VerifierHealth(CollectObserver):
         errors, timeouts = (now - then for now, then in zip(self._counts(), self._mark))
         failed = errors + timeouts
         if rollouts and failed / rollouts > self.max_share:
-            example = getattr(self.env, "last_verifier_failure", None)
+            example = self.env.last_verifier_failure if isinstance(self.env, ReportsVerifierFailures) else None
             what = (f"; e.g. on completion {example[0][:200]!r}: {example[1][:300]}" if example else "")
             raise VerifierFailure(
                 f"verifier {self.name} failed on {int(failed)} of {rollouts} rollouts this step ({int(errors)} "

@@ -13,7 +13,7 @@ from typing import Any
 
 from sara.backends.ray.config import Factory
 from sara.config import ConfigError
-from sara.envs.base import Completion, StreamingBackend, StreamingEnv
+from sara.envs.base import Closeable, Completion, SeedAware, StreamingBackend, StreamingEnv, UpdatesWeights
 
 __all__ = ["StaleWeightsError", "WorkerFailedError", "Worker", "build_object", "MicroBatchStream", "streams_natively"]
 
@@ -118,10 +118,9 @@ class Worker:
             raise StaleWeightsError(f"worker {self.index}: asked to load weights version {version} while holding "
                                     f"the newer version {self.version}")
         if version > self.version:
-            fn = getattr(self.obj, "update_weights", None)
-            if fn is None:
+            if not isinstance(self.obj, UpdatesWeights):
                 raise TypeError(f"worker {self.index}: {type(self.obj).__name__} has no update_weights method")
-            fn(state, version)
+            self.obj.update_weights(state, version)
             self.version = version
         return self.version
 
@@ -152,13 +151,22 @@ class Worker:
     def stream_abort(self, tags: Sequence[int]) -> int:
         return int(self.stream.abort(tags))
 
+    def seeds_per_request(self) -> bool:
+        """Whether the object honours per-request seeds (a ``SeedAware`` one that says so)."""
+        return isinstance(self.obj, SeedAware) and bool(self.obj.per_request_seeds)
+
+    def prompts(self) -> Any:
+        """The environment's prompt pool (``RolloutEnv.prompts``)."""
+        return self.obj.prompts
+
     def attribute(self, name: str) -> Any:
+        """Any attribute of the object, by name (inspection in tests and benchmarks)."""
         return getattr(self.obj, name)
 
     def has(self, names: Sequence[str]) -> list[bool]:
+        """Whether the object has each of the methods ``names`` (the env pool's forwarded analysis helpers)."""
         return [hasattr(self.obj, n) for n in names]
 
     def close(self) -> None:
-        fn = getattr(self.obj, "close", None)
-        if fn is not None:
-            fn()
+        if isinstance(self.obj, Closeable):
+            self.obj.close()

@@ -7,6 +7,7 @@ worker died, was killed, timed out or raised is sent again, unchanged, to a fres
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -101,7 +102,7 @@ class RayPool:
         f = self.factory
         if isinstance(f, str):
             return f
-        inner = getattr(f, "func", f)
+        inner = f.func if isinstance(f, functools.partial) else f
         return getattr(inner, "__qualname__", type(inner).__name__)
 
     def _fail(self, w: int, doing: str, exc: BaseException) -> None:

@@ -55,9 +55,8 @@ class RayRolloutPool(StreamingPool):
         super().__init__(factory, config, **overrides)
         self._stream_start()
         ray = self._ray
-        has = self._guard(0, "inspecting the backend", lambda: ray.get(self.actors[0].has.remote(["per_request_seeds"])))
-        self.per_request_seeds = bool(has[0] and self._guard(
-            0, "inspecting the backend", lambda: ray.get(self.actors[0].attribute.remote("per_request_seeds"))))
+        self.per_request_seeds = bool(self._guard(
+            0, "inspecting the backend", lambda: ray.get(self.actors[0].seeds_per_request.remote())))
         """Whether every completion is a function of its own seed (then results do not depend on the split)."""
         if not self.per_request_seeds and self.config.split_requests:
             # An engine-seeded backend (vLLM-cpu) must see all of a request's seeds in one call, or two engines could
@@ -106,8 +105,7 @@ class RayEnvPool(StreamingPool):
         has = self._guard(0, "inspecting the environment", lambda: ray.get(self.actors[0].has.remote(self._FORWARDED)))
         self._remote_helpers = {n for n, h in zip(self._FORWARDED, has) if h}
         if prompts is None:
-            prompts = self._guard(0, "fetching the prompt pool",
-                                  lambda: ray.get(self.actors[0].attribute.remote("prompts")))
+            prompts = self._guard(0, "fetching the prompt pool", lambda: ray.get(self.actors[0].prompts.remote()))
         self.prompts: Sequence[Prompt] = prompts
 
     def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:

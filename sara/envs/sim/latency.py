@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import Field
 
 from sara.config import ConfigError, SaraModel, validate_config
-from sara.envs.base import EnvWrapper
+from sara.envs.base import EnvWrapper, RolloutEnv
 from sara.types import Rollout, RolloutRequest
 
 __all__ = ["LatencyEnv", "LatencyModel", "makespan"]
@@ -86,7 +86,7 @@ class LatencyEnv(EnvWrapper):
             self.latency = latency if isinstance(latency, LatencyModel) else validate_config(
                 LatencyModel, dict(latency or {}), what="latency")
         self.sleep = (seconds_per_token is not None) if sleep is None else bool(sleep)
-        super().__init__(env if hasattr(env, "rollout") else _build(env))
+        super().__init__(env if isinstance(env, RolloutEnv) else _build(env))
         self.clock = 0.0
         self.tokens = 0.0
         self._running: list[tuple[float, int, int, Rollout, float]] = []  # (finish, seq, tag, rollout, start) heap
