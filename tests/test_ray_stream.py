@@ -358,10 +358,8 @@ class KillDuringPoll:
         return self.env.abort(tags)
 
 
-def test_collect_stream_with_an_actor_killed_mid_stream_commits_the_clean_run_groups(ray_cluster):
-    from sara.collect_stream import collect_stream
-
-    from sara import UniformSampler, make_allocator
+def test_streaming_with_an_actor_killed_mid_stream_commits_the_clean_run_groups(ray_cluster):
+    from sara import UniformSampler, collect, make_allocator
     from sara.envs.task_env import TaskEnv
 
     task = "sara/Arithmetic-v0:max_digits=2,pool_size=200,eval_size=0,seed=0"
@@ -373,7 +371,8 @@ def test_collect_stream_with_an_actor_killed_mid_stream_commits_the_clean_run_gr
                 TaskEnv(task, pool, scorer_mode="inline") as env:
             driven = KillDuringPoll(env, pool) if kill else env
             alloc, sampler = make_allocator("sara", k=4), UniformSampler(len(env.prompts), seed=1)
-            results = [collect_stream(alloc, driven, sampler, target_groups=6, seed=5) for _ in range(2)]
+            results = [collect(alloc, driven, sampler, target_groups=6, seed=5, driver={"barrier": False})
+                       for _ in range(2)]
             return results, pool.restarts, pool.stream_counts["reissued"], getattr(driven, "killed_holding", 0)
 
     clean, restarts, reissued, _ = run(False)

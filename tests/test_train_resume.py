@@ -142,8 +142,9 @@ def test_streaming_run_killed_then_resumed_matches_uninterrupted(tmp_path, carry
     # so a checkpoint between steps holds all of its state: kill + resume logs the uninterrupted run's metrics
     # (aborted and carried rollouts and occupancy included).
     env = {**os.environ, "SARA_CACHE_DIR": str(tmp_path / "cache")}
-    extra = ["--driver", "stream", "--set", "backend=tiny:slots=16", "--set", "allocator=sara_async:max_inflight=2",
-             "--set", "steps=5", "--set", "algo=grpo", "--set", "eval.every=2", "--set", f"carry_lag={carry_lag}"]
+    extra = ["--driver", "stream", "--set", "backend=tiny:max_batch_size=16", "--set", "allocator=sara:probe=2",
+             "--set", "driver.fill_idle=true", "--set", "steps=5", "--set", "algo=grpo", "--set", "eval.every=2",
+             "--set", f"driver.carry_lag={carry_lag}"]
     full, killed = tmp_path / "full", tmp_path / "killed"
     subprocess.run(_cmd(full, *extra), check=True, env=env, capture_output=True, timeout=600)
     reference = read_jsonl(full / "metrics.jsonl")

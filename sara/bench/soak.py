@@ -4,8 +4,8 @@ environment exceptions; exact accounting checked on every step and memory watche
 ``soak(steps)`` keeps one instance per allocator spec (so their cross-step state, e.g. empirical priors, lives the
 whole run) and one shared prompt sampler; each step draws an allocator, a target, an optional rollout budget, an
 optional ``max_rounds``, and synchronous rounds or streaming (random slots, sometimes work-conserving admission) on a
-simulated engine (``LatencyEnv``). The environment raises ``InjectedFault`` on a random share of its calls: the step
-fails, the next step must run normally. Checked per successful step: the rollouts the environment generated during
+simulated engine (``LatencyEnv``). The environment raises ``InjectedFault`` in one call of a random share of the
+steps: the step fails, the next step must run normally. Checked per successful step: the rollouts the environment generated during
 the step equal ``stats.rollouts + stats.aborted_rollouts`` and committed + abandoned + discarded rollouts equal
 ``stats.rollouts``; the stop reason is one the driver documents; the budget is respected. Over the run: every rollout
 generated is accounted for by a successful step or a failed one, and the resident memory after the warm-up grows by
@@ -37,17 +37,24 @@ class InjectedFault(RuntimeError):
 
 
 class _FaultyEnv(EnvWrapper):
-    """The simulator, failing a share of its calls and counting every rollout it generates."""
+    """The simulator, failing one call of a share of the steps (``arm``) and counting every rollout it generates."""
 
     def __init__(self, env: Any, fault_rate: float, seed: int) -> None:
         super().__init__(env)
         self.fault_rate = fault_rate
         self.rng = np.random.default_rng(seed)
         self.generated = 0
+        self.fail_at = -1  # calls left before the armed fault (-1: none in this step)
+
+    def arm(self) -> None:
+        """A new step: with probability ``fault_rate`` one of its first few calls raises."""
+        self.fail_at = int(self.rng.integers(0, 4)) if self.rng.random() < self.fault_rate else -1
 
     def rollout(self, requests: Any) -> Any:
-        if self.rng.random() < self.fault_rate:
+        if self.fail_at == 0:
+            self.fail_at = -1
             raise InjectedFault("injected environment failure")
+        self.fail_at -= self.fail_at > 0
         out = self.env.rollout(requests)
         self.generated += sum(len(g) for g in out)
         return out
@@ -87,6 +94,7 @@ def soak(steps: int = 10_000, *, seed: int = 0, k: int = 8, pool: int = 20_000, 
         driver = ({"barrier": False, "slots": int(rng.integers(1, 65)), "fill_idle": bool(rng.random() < 0.3)}
                   if stream else {"max_rounds": rounds})
         before = faulty.generated
+        faulty.arm()
         try:
             result = collect(instances[spec], env, sampler, target_groups=target, max_rollouts=budget,
                              driver=driver, seed=seed, step=step)
@@ -101,7 +109,8 @@ def soak(steps: int = 10_000, *, seed: int = 0, k: int = 8, pool: int = 20_000, 
         assert made == st.rollouts + st.aborted_rollouts and st.rollouts == in_groups, (step, spec, made, st)
         assert st.committed_rollouts + st.abandoned_rollouts + st.discarded_rollouts == st.rollouts, (step, spec)
         assert st.stop_reason in STOPS, st.stop_reason
-        assert st.rounds <= rounds and (st.stop_reason != "target_reached" or st.committed_groups >= target)
+        assert stream or st.rounds <= rounds  # max_rounds bounds synchronous rounds (streaming counts polls)
+        assert st.stop_reason != "target_reached" or st.committed_groups >= target
         totals["ok"] += 1
         totals["rollouts"] += st.rollouts + st.aborted_rollouts
         totals["committed_groups"] += st.committed_groups
