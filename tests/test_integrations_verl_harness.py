@@ -260,7 +260,7 @@ class Rig:
     the advantages (prepare_step, the sampler, padding, GRPO), then ``fit``'s ``kv_clear``."""
 
     def __init__(self, config: Any, *, seed: int = 0, threaded: bool = False, workers: int = 2,
-                 fail_once: tuple[int, ...] = (), cancel: bool = True, prompts: int = 64) -> None:
+                 fail_once: tuple[int, ...] = (), cancel: bool = True, prompts: int = 64, dataset: Any = None) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
         from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
         from verl.utils.dataset.rl_dataset import collate_fn
@@ -279,7 +279,7 @@ class Rig:
                         for i in range(workers)]
         self.manager = InProcessManager(config, self.workers, self.loop)
         self.trainer.agent_loop_manager = self.manager  # PPOTrainer.fit() sets it
-        rows = prompt_rows(prompts)
+        rows = prompt_rows(prompts) if dataset is None else dataset
         self.trainer.train_dataset = rows
         self.trainer.train_dataloader = StatefulDataLoader(rows, batch_size=int(config.data.gen_batch_size),
                                                            shuffle=False, drop_last=True, collate_fn=collate_fn)
