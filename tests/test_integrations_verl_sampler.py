@@ -23,6 +23,7 @@ pytest.importorskip("verl.trainer.ppo.v1.replay_buffer", reason="needs verl 0.9.
 
 from test_integrations_verl_harness import Rig, compose, overrides, prompt_rows  # noqa: E402
 
+from sara.allocators import Decision, SequentialAllocator  # noqa: E402
 from sara.config import ConfigError  # noqa: E402
 from sara.seeding import derive_seeds  # noqa: E402
 
@@ -62,12 +63,14 @@ def check_step(rig: Rig, rep: dict[str, Any], dispatched: list[np.ndarray], *, s
     assert ends["failed"] == env.counts["retried"] + env.counts["dropped_failed"]
     assert env.counts["cancelled"] + env.counts["dropped_landed"] + env.counts["dropped_failed"] == s.aborted_rollouts
     # the batch: exactly the committed rollouts' keys; GRPO's uid = one per committed group
-    keys = [key for g in res.groups for r in g.rollouts for key in r.metadata["tq_keys"]]
-    assert rep["batch_keys"] == keys and len(set(keys)) == len(keys) == s.committed_rollouts
+    kept = [g for g in res.groups if g.size >= 2]  # a group of one is left out (verl's GRPO: raw reward)
+    assert env.counts["singletons_left_out"] == len(res.groups) - len(kept)
+    keys = [key for g in kept for r in g.rollouts for key in r.metadata["tq_keys"]]
+    assert rep["batch_keys"] == keys and len(set(keys)) == len(keys) == sum(g.size for g in kept)
     by_uid = Counter(rep["uid_field"])
-    assert len(by_uid) == len(res.groups)
-    assert sorted(by_uid.values()) == sorted(g.size for g in res.groups)
-    for g in res.groups:
+    assert len(by_uid) == len(kept)
+    assert sorted(by_uid.values()) == sorted(g.size for g in kept)
+    for g in kept:
         assert {r.metadata["tq_base"] for r in g.rollouts} == {rep["uid_field"][rep["batch_keys"].index(
             g.rollouts[0].metadata["tq_keys"][0])]}
     # __rollout_n__: one row per prompt per submission, sized by the allocator's dispatch; verl ran that many
@@ -109,6 +112,7 @@ def check_step(rig: Rig, rep: dict[str, Any], dispatched: list[np.ndarray], *, s
             assert abs(sum(a for _, a in rows_)) < 1e-3
     m = rep["metrics"]
     assert m["sara/committed_groups"] == s.committed_groups and m["sara/batch_rollouts"] == len(keys)
+    assert m.get("sara/verl/singletons_left_out", 0.0) == env.counts["singletons_left_out"]
     assert all(key.startswith("sara/") for key in m)
     assert all(g.size <= k for g in res.groups)
 
@@ -170,6 +174,22 @@ def test_other_allocators_by_spec(spec):
         for rep in reps:
             assert {n for _, _, n, _, _ in rep["env"].launched} == {rig.sampler.k}
             assert all(g.size == rig.sampler.k for g in rep["result"].groups)
+
+
+class CommitEighthAtOnce(SequentialAllocator):
+    """A stopping rule that commits every eighth prompt after its first rollout (a group of one)."""
+
+    name = "commit_eighth_at_once"
+
+    def decide(self, units):
+        eighth = self.units.pool_index[units.ids] % 8 == 0
+        return np.where(eighth, Decision.COMMIT, Decision.CONTINUE).astype(np.int8)
+
+
+def test_groups_of_one_stay_out_of_the_batch():
+    rig, reps = run({"allocator": "'test_integrations_verl_sampler:CommitEighthAtOnce:completion=as_is'"}, steps=2)
+    assert sum(rep["env"].counts["singletons_left_out"] for rep in reps) >= 1
+    assert all(min(Counter(rep["uid_field"]).values()) >= 2 for rep in reps)
 
 
 def test_real_concurrency_keeps_the_accounting():

@@ -12,7 +12,8 @@ seed, target groups, budgets). Every ``sample(partition_id="train")`` call is on
 ``VerlRolloutEnv``: the allocator sizes each prompt's probes (``__rollout_n__`` of the rows the manager starts),
 commits, abandons or continues on the scored rollouts (reward = ``rm_scores.sum()``, computed by verl's agent loop),
 and fresh prompts come through verl's ``refill_fn`` (or a sara sampler over ``trainer.train_dataset``). The batch
-returned is the committed groups' trajectory keys: variable-size groups, one ``uid`` per group (GRPO groups by it).
+returned is the committed groups' trajectory keys: variable-size groups, one ``uid`` per group (GRPO groups by it);
+a committed group of one rollout is left out (verl's GRPO would give it its raw reward as advantage).
 Every rollout started is accounted once: committed, abandoned or discarded when delivered, else cancelled on the
 worker or dropped on landing (``sara/...`` metrics in verl's logger). Validation (``partition_id="val"``) is verl's
 own ``ReplayBuffer.sample``.
@@ -188,12 +189,16 @@ class SaraSampler:
         if isinstance(source, VerlDataloaderSource):
             env.release(source.leftover())
         env.release([uid for uid, _ in manager.take_held()])
-        batch = env.finish([g.rollouts for g in result.groups])
+        # verl's GRPO gives a group of one its raw reward as advantage (mean 0, std 1); sara's gives it 0: leave it out
+        groups = [g for g in result.groups if g.size >= 2]
+        env.counts["singletons_left_out"] += len(result.groups) - len(groups)
+        batch = env.finish([g.rollouts for g in groups])
         self.last_result = result
         _check_accounting(result, env, len(batch.keys))
-        if not result.groups:
-            raise RuntimeError(f"SaraSampler: step {global_steps} committed no group ({result.stats.stop_reason} after "
-                               f"{result.stats.rollouts} rollouts); raise sampler_kwargs.max_rollouts_per_step")
+        if not groups:
+            raise RuntimeError(f"SaraSampler: step {global_steps} committed no group of two or more rollouts "
+                               f"({result.stats.stop_reason} after {result.stats.rollouts} rollouts); raise "
+                               "sampler_kwargs.max_rollouts_per_step")
         return batch, self._metrics(result, env, len(batch.keys))
 
     def _step(self, global_steps: int) -> int:
@@ -220,7 +225,7 @@ class SaraSampler:
         out = result.stats.as_metrics(prefix="sara/")
         out.update({f"sara/{k}": float(v) for k, v in self.allocator.metrics().items()})
         out.update({f"sara/verl/{k}": float(v) for k, v in sorted(env.counts.items())})
-        sizes = [g.size for g in result.groups]
+        sizes = [g.size for g in result.groups if g.size >= 2]
         out.update({"sara/group_size/mean": sum(sizes) / len(sizes), "sara/group_size/min": float(min(sizes)),
                     "sara/group_size/max": float(max(sizes)), "sara/batch_rollouts": float(batch_rollouts),
                     f"sara/stop/{result.stats.stop_reason}": 1.0})
@@ -251,5 +256,7 @@ def _check_accounting(result: CollectResult, env: VerlRolloutEnv, batch_keys: in
     if states["delivered"] != s.rollouts or states["cancelled"] + states["dropped"] != s.aborted_rollouts:
         raise AssertionError(f"SaraSampler: accounting broken: verl side {dict(states)}, driver {s.rollouts} delivered "
                              f"+ {s.aborted_rollouts} aborted")
-    if batch_keys < s.committed_rollouts:
-        raise AssertionError(f"SaraSampler: batch has {batch_keys} keys for {s.committed_rollouts} committed rollouts")
+    singles = env.counts["singletons_left_out"]
+    if batch_keys < s.committed_rollouts - singles:
+        raise AssertionError(f"SaraSampler: batch has {batch_keys} keys for {s.committed_rollouts} committed rollouts "
+                             f"({singles} in singleton groups left out)")
