@@ -134,3 +134,26 @@ def test_one_step_of_the_recipe_with_scripted_rollouts(tmp_path):
         assert rep["result"].stats.committed_groups >= 4
     finally:
         rig.close()
+
+
+def test_create_builds_the_sara_workers_with_verls_own_worker_setup(tmp_path, monkeypatch):
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+
+    from sara.config import ConfigError
+    from sara.integrations.verl_agent_loop import worker_class
+
+    seen = {}
+
+    async def init_workers(self):  # the Ray actors need a tokenizer and LLM servers: the class boundary
+        seen["cls"] = self.agent_loop_workers_class
+        self.agent_loop_workers = ["worker-0", "worker-1"]
+
+    monkeypatch.setattr(AgentLoopManagerTQ, "_init_agent_loop_workers", init_workers)
+    cfg = recipe_config(tmp_path)
+    manager = SaraAgentLoopManager.create(config=cfg, llm_client=None, teacher_client=None,
+                                          reward_loop_worker_handles=None)
+    assert manager.workers == ["worker-0", "worker-1"]
+    assert seen["cls"].__ray_actor_class__ is worker_class()
+    cfg.trainer.v1.sampler.custom_sampler.name = "ReplayBuffer"
+    with pytest.raises(ConfigError, match="SaraSampler"):
+        SaraAgentLoopManager.create(config=cfg, llm_client=None)
