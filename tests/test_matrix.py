@@ -263,7 +263,7 @@ def test_quick_matrix_runs_the_continuous_and_text_tree_allocators(tmp_path):
 
 @pytest.mark.slow
 def test_driver_stream_runs_every_cell_on_the_streaming_driver(tmp_path):
-    """``--driver stream``: cells collect with ``sara.collect_stream`` (occupancy is only measured there); the table
+    """``--driver stream``: cells collect with the streaming driver (occupancy is only measured there); the table
     reports training seconds per effective group."""
     pytest.importorskip("torch")
     from sara.cli import main
