@@ -111,7 +111,7 @@ def test_sync_report_on_the_tiny_backend(tiny):
 
 def test_default_run_on_the_tiny_backend_streams(tiny):
     """The default comparison (ds; sara; sara+stream; sara+carry) built from the config alone: the streaming entries
-    are driven by collect_stream (their tokens include the aborted rollouts' partial tokens). (That carrying keeps
+    are driven by the streaming driver (their tokens include the aborted rollouts' partial tokens). (That carrying keeps
     the engine busier is tested deterministically in tests/test_stream_carry.py; here occupancy is wall-weighted.)"""
     report = run_generation_bench(dict(groups=2, k=4, steps=2))
     _check_report(report, ["ds", "sara", "sara+stream", "sara+carry"])

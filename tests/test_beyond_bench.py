@@ -1,4 +1,4 @@
-"""Multi-step allocation benchmark options (issue 5): --epochs / --drift / samplers / starvation fields."""
+"""Multi-step allocation benchmark options: --pool-epochs / --drift / samplers / starvation fields."""
 
 import numpy as np
 import pytest

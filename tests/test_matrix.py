@@ -1,5 +1,5 @@
-"""``sara matrix``: the cell spec language, the statistics (sara.bench.curves), the report on synthetic runs, and
-end-to-end runs (seeds x cells trained from the same policy at the same budget)."""
+"""``sara matrix``: the cell spec language, the statistics (sara.experiments.curves, sara.bench.summary.t_interval),
+the report on synthetic runs, and end-to-end runs (seeds x cells trained from the same policy at the same budget)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import re
 
 import pytest
 
-from sara.bench.curves import (
+from sara.bench.summary import t_interval
+from sara.config import ConfigError
+from sara.experiments.curves import (
     aggregate_measures,
     eval_standard_errors,
     first_reach,
     normalized_auc,
     seed_measures,
-    t_interval,
     value_at,
 )
-from sara.bench.matrix import Cell, parse_cells, parse_specs
-from sara.config import ConfigError
+from sara.experiments.matrix import Cell, parse_cells, parse_specs
 
 ALGOS = ["grpo", "rloo", "ppo", "reinforce_pp"]
 ALLOCATORS = ["uniform", "ds", "sara"]
@@ -134,7 +134,7 @@ def _synthetic_runs():
 
 
 def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
-    from sara.bench.matrix_report import _ci, analyze, format_report, write_outputs
+    from sara.experiments.matrix_report import _ci, analyze, format_report, write_outputs
 
     report = analyze(_synthetic_runs(), budget=300, eval_prompts=100, eval_samples=4)
     assert report["algos"]["grpo"]["target"] == pytest.approx(0.65)  # DS's final accuracy, mean of its seeds
@@ -170,7 +170,7 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
 
 
 def test_one_seed_prints_values_without_intervals_and_a_fixed_target():
-    from sara.bench.matrix_report import analyze, format_report
+    from sara.experiments.matrix_report import analyze, format_report
 
     runs = [r for r in _synthetic_runs() if r[1]["seed"] == 0]
     report = analyze(runs, budget=300, target_acc=0.6)
@@ -263,7 +263,7 @@ def test_quick_matrix_runs_the_continuous_and_text_tree_allocators(tmp_path):
 
 @pytest.mark.slow
 def test_driver_stream_runs_every_cell_on_the_streaming_driver(tmp_path):
-    """``--driver stream``: cells collect with ``sara.collect_stream`` (occupancy is only measured there); the table
+    """``--driver stream``: cells collect with the streaming driver (occupancy is only measured there); the table
     reports training seconds per effective group."""
     pytest.importorskip("torch")
     from sara.cli import main

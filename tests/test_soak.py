@@ -1,4 +1,4 @@
-"""A short soak (the long one is benchmarks/soak.py): random allocators, targets, budgets and injected environment
+"""A short soak (the long one is `sara bench soak`): random allocators, targets, budgets and injected environment
 exceptions; exact accounting on every step, every generated rollout accounted for, memory not growing."""
 
 from __future__ import annotations

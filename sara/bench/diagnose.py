@@ -1,4 +1,4 @@
-"""Where an allocator's rollouts go, and how much learning signal they buy (``sara bench`` diagnosis, issue 12).
+"""Where an allocator's rollouts go, and how much learning signal they buy (``sara bench`` diagnosis).
 
 ``AllocationDiagnostics`` is a driver observer that splits every step's rollouts into committed / abandoned /
 saturated (a complete unmixed group, discarded) / in flight at the step's end (probing units cut off when the target

@@ -36,36 +36,22 @@ Per allocator (``results[i]`` of the JSON report):
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, field_validator
 
+from sara.bench.engines import build_backend, check_backend_name, reset_prefix_cache
 from sara.bench.generation_report import finish_report, format_table, write_json
 from sara.config import ConfigError, SaraModel, parse_spec, validate_config
 from sara.envs.base import EnvWrapper, StreamingEnv
 
-__all__ = ["GenerationBenchConfig", "DRIVER_SUFFIXES", "DEFAULT_TASKS", "parse_allocators", "run_generation_bench",
-           "format_table", "write_json"]  # the last two live in sara.bench.generation_report
+__all__ = ["GenerationBenchConfig", "DRIVER_SUFFIXES", "parse_allocators", "run_generation_bench", "format_table",
+           "write_json"]  # the last two live in sara.bench.generation_report
 
 DRIVER_SUFFIXES = ("stream", "fill", "carry")
 """Suffixes of an allocator spec (``sara+stream``, ``sara+carry+fill``) that select a streaming driver."""
-BACKEND_NAMES = ("tiny", "hf", "vllm")
-DEFAULT_TASKS = {
-    # the tiny policy on the task it was first tuned on (sara train's default before the mixture pool)
-    "tiny": "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=5000",
-    # 3-shot 1-digit sums, as in examples/configs/smollm2_*.yaml: SmolLM2-135M solves ~30% at T=1, from ~0% to ~90%
-    # per prompt, so SARA has saturated prompts to abandon and mixed ones to commit
-    "hf": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=17,shots=3",
-    "vllm": "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=80,eval_size=17,shots=3",
-}
-CAPACITY_OPTIONS = {"tiny": "max_batch_size", "hf": "max_batch_size"}
-"""The backend option ``--slots`` sets: the engine's capacity (rows decoded together), which a streaming driver keeps
-in flight; vLLM's is ``engine_kwargs.max_num_seqs``."""
-
-
 class GenerationBenchConfig(SaraModel):
     """One ``sara bench generation`` run."""
 
@@ -81,7 +67,7 @@ class GenerationBenchConfig(SaraModel):
     """Streaming specs: a step that reaches its target waits for the groups still being filled
     (``DriverConfig.complete_groups``) instead of committing them with fewer than k rollouts."""
     task: str | None = None
-    """Task spec (None = ``DEFAULT_TASKS[backend]``)."""
+    """Task spec (None = ``sara.bench.engines.DEFAULT_TASKS[backend]``)."""
     groups: int = Field(32, ge=1)
     """Target (committed) groups per collection step."""
     k: int = Field(8, ge=2)
@@ -97,8 +83,8 @@ class GenerationBenchConfig(SaraModel):
     """An entry of ``allocators`` (``sara``, ``sara+carry``, ...) whose rollouts per effective group the others are
     compared with (``ratio_vs_reference``, paired per seed). None: no such column."""
     slots: int | None = Field(None, ge=1)
-    """The engine's capacity (``CAPACITY_OPTIONS[backend]``, vLLM's ``max_num_seqs``, unless the backend spec sets
-    it), which streaming drivers keep in flight. None = the engine's default."""
+    """The engine's capacity (``sara.bench.engines.CAPACITY_OPTIONS[backend]``, vLLM's ``max_num_seqs``, unless the
+    backend spec sets it), which streaming drivers keep in flight. None = the engine's default."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Generation cap (None = the task's suggestion)."""
     task_stop: bool = True
@@ -110,10 +96,7 @@ class GenerationBenchConfig(SaraModel):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, v: str) -> str:
-        name, _ = parse_spec(v)
-        if name not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
-        return v
+        return check_backend_name(v)
 
     @field_validator("allocators")
     @classmethod
@@ -189,32 +172,6 @@ class _Recorder(EnvWrapper):
         return out
 
 
-def _build(cfg: GenerationBenchConfig) -> tuple[Any, Any, str]:
-    """(task, backend, task spec): the policy (tiny only) and backend built once through the registries."""
-    from sara.backends import BACKENDS
-    from sara.envs.tasks import make_task
-
-    name, options = parse_spec(cfg.backend)
-    task_spec = cfg.task or DEFAULT_TASKS[name]
-    task = make_task(task_spec)
-    if cfg.slots is not None and name in CAPACITY_OPTIONS:
-        options.setdefault(CAPACITY_OPTIONS[name], cfg.slots)
-    elif cfg.slots is not None:
-        options["engine_kwargs"] = {"max_num_seqs": cfg.slots, **options.get("engine_kwargs", {})}
-    if name == "vllm" and any(split_driver(s)[1] != "sync" for s in cfg.allocators):
-        options.setdefault("engine", "async")  # the streaming engine (AsyncLLM); sync specs use its generate
-    if name == "tiny":
-        from sara.policies import POLICIES
-        from sara.train.config import TINY_POLICY_OPTIONS
-
-        # the policy sara train starts from: its warm start to a loss pins the same competence on any CPU
-        policy = POLICIES.get("tiny")(copy.deepcopy(TINY_POLICY_OPTIONS), task=task, seed=cfg.seed)
-    else:  # weights stay fixed: the backend loads the model itself, no trainable copy is needed
-        policy = None
-        options = {"model": "smollm2", **options}
-    return task, BACKENDS.get(name)(policy, options, task=task, seed=cfg.seed), task_spec
-
-
 def _check_streaming(cfg: GenerationBenchConfig, backend: Any, env: Any) -> None:
     """A ``ConfigError`` naming ``allocators`` when a streaming spec meets a backend that cannot stream."""
     streamed = [s for s in cfg.allocators if split_driver(s)[1] != "sync"]
@@ -244,15 +201,6 @@ def _full_batch(backend: Any, env: Any, result: Any) -> tuple[int, float]:
     return sum(c.num_tokens for o in out for c in o), seconds
 
 
-def _reset_cache(backend: Any) -> None:
-    """Drop the backend's prompt / prefix cache (``PrefixCached``: hf, vllm), so no measurement reuses KV computed
-    by an earlier one."""
-    from sara.backends import PrefixCached
-
-    if isinstance(backend, PrefixCached):
-        backend.reset_prefix_cache()
-
-
 class _Run:
     """One allocator spec's steps at one seed and their running totals (runs are interleaved step by step, so a
     machine whose load drifts during the benchmark slows every allocator alike)."""
@@ -278,7 +226,7 @@ class _Run:
         from sara.driver import collect
 
         cfg, acc = self.cfg, self.acc
-        _reset_cache(backend)
+        reset_prefix_cache(backend)
         m0 = env.metrics()
         t0 = time.perf_counter()
         driver = driver_config(self.driver, cfg, last=step + 1 == cfg.steps)  # the last step carries nothing
@@ -306,7 +254,7 @@ class _Run:
         if self.carry is not None:
             return  # its rollouts still run on the engine: the full batches wait until nothing does
         for done in self.pending:
-            _reset_cache(backend)
+            reset_prefix_cache(backend)
             tok, sec = _full_batch(backend, env, done)
             acc["full_batch_tokens"] += tok
             acc["full_batch_seconds"] += sec
@@ -349,7 +297,9 @@ def run_generation_bench(config: GenerationBenchConfig | dict[str, Any], *, back
         GenerationBenchConfig, dict(config), what="bench generation")
     owned = backend is None
     if owned:
-        task, backend, task_spec = _build(cfg)
+        stream = any(split_driver(s)[1] != "sync" for s in cfg.allocators)
+        task, backend, task_spec = build_backend(cfg.backend, task=cfg.task, slots=cfg.slots, seed=cfg.seed,
+                                                 stream=stream)
     else:
         if task is None:
             raise ConfigError("bench generation: field 'task': pass the Task that goes with the given backend")

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sara.bench.curves import t_interval
+from sara.bench.summary import t_interval
 from sara.config import parse_spec
 
 __all__ = ["RATIOS", "finish_report", "format_table", "seed_result", "write_json"]

@@ -1,4 +1,5 @@
-"""One aggregation of collection statistics: rollouts and tokens per effective group, and the fractions beside them.
+"""One aggregation of collection statistics: rollouts and tokens per effective group, and the fractions beside them;
+and the one confidence interval the reports give over seeds (``t_interval``).
 
 Every benchmark (``sara bench allocation``, the ``*_vs_*`` comparisons, ``sara matrix``'s table) sums the counts of its
 steps / seeds first and divides once (a ratio of sums, not a mean of per-step ratios).
@@ -6,10 +7,13 @@ steps / seeds first and divides once (a ratio of sums, not a mean of per-step ra
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["group_ratios"]
+import numpy as np
+
+__all__ = ["group_ratios", "t_interval"]
 
 _COUNTS = ("rollouts", "tokens", "effective_groups", "committed_groups", "abandoned_groups", "effective_rollouts",
            "wrong_abandons", "prompts_drawn")
@@ -39,3 +43,23 @@ def group_ratios(items: Iterable[Any]) -> dict[str, float]:
         "wrong_abandon_rate": tot["wrong_abandons"] / tot["abandoned_groups"] if tot["abandoned_groups"] else 0.0,
         "abandon_rate": tot["abandoned_groups"] / max(tot["prompts_drawn"], 1.0),
     }
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the two-sided Student-t confidence interval of the mean.
+
+    Non-finite values are dropped. With one value the half-width is NaN (no interval); with none both are NaN.
+
+    Example: ``t_interval([1, 2, 3, 4])`` = ``(2.5, 3.1824 * 1.2910 / 2)`` = ``(2.5, 2.0543)``.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return math.nan, math.nan
+    mean = float(v.mean())
+    if len(v) < 2:
+        return mean, math.nan
+    from scipy.stats import t
+
+    half = float(t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return mean, half

@@ -1,4 +1,5 @@
-"""``sara bench allocation``, ``sara bench decisions`` and ``sara bench generation``."""
+"""``sara bench``: ``allocation``, ``decisions`` and ``soak`` (simulation) here; ``generation``, ``stream`` and
+``ray`` (engines) in ``sara.commands.bench_engines``. A bench that writes JSON takes ``--json FILE``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from sara.config import validate_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (allocation efficiency, decision throughput)")
+    bench = sub.add_parser("bench", help="benchmarks (allocation efficiency, decision throughput, soak, generation "
+                           "throughput, streaming, Ray pools)")
     bsub = bench.add_subparsers(dest="bench", metavar="<benchmark>")
 
     p = bsub.add_parser("allocation", help="rollouts per effective group of allocators on a simulated prompt pool",
@@ -42,42 +44,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = bsub.add_parser("decisions", help="vectorized decision throughput of an allocator",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d.add_argument("--units", type=int, default=1_000_000)
-    d.add_argument("--rounds", type=int, default=4)
-    d.add_argument("--k", type=int, default=8)
-    d.add_argument("--allocator", default="sara")
+    d.add_argument("--units", type=int, default=1_000_000, help="open units decided on per call")
+    d.add_argument("--rounds", type=int, default=4, help="rounds of dispatch + finished, timed together")
+    d.add_argument("--k", type=int, default=8, help="group size")
+    d.add_argument("--allocator", default="sara", help="allocator spec")
+    d.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     d.set_defaults(func=_decisions)
 
-    g = bsub.add_parser("generation", help="tokens/s and seconds per effective group of allocators on a real backend "
-                        "(sync rounds vs streaming), against one full batch of the same rollouts",
+    s = bsub.add_parser("soak", help="many collection steps on the simulator with random budgets, targets, allocators, "
+                        "driver modes and injected environment failures: exact accounting, bounded memory",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g.add_argument("--backend", default="tiny", help="tiny | hf | vllm, with options (hf:dtype=float32,...)")
-    g.add_argument("--allocators", default="ds;sara;sara+stream;sara+carry",
-                   help="allocator specs separated by ';'; a spec ending in '+stream' runs under the streaming driver "
-                        "instead of synchronous rounds, '+fill' streams with a fresh prompt for every idle slot, "
-                        "'+carry' streams with carry-over into the next step ('+carry+fill' combines them)")
-    g.add_argument("--carry-lag", type=int, default=1, help="'+carry' specs: steps a carried unit may lag")
-    g.add_argument("--complete-groups", action="store_true", help="streaming specs: a step that reaches its target "
-                   "waits for the groups still being filled instead of committing them with fewer than k rollouts")
-    g.add_argument("--task", default=None, help="task spec (default: the tiny policy's task for tiny; 3-shot "
-                   "1-digit sums for hf / vllm)")
-    g.add_argument("--groups", type=int, default=32, help="target groups per collection step")
-    g.add_argument("--k", type=int, default=8, help="group size")
-    g.add_argument("--steps", type=int, default=3, help="collection steps per allocator")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--seeds", type=int, default=1, help="repeat with seeds seed, seed+1, ...: pooled figures and 95%% "
-                   "intervals of the ratios over seeds")
-    g.add_argument("--reference", default=None, help="one of the --allocators specs (e.g. 'sara'): add the column "
-                   "rollouts per effective group over its own, paired per seed")
-    g.add_argument("--slots", type=int, default=None,
-                   help="the engine's capacity (rows decoded together; vLLM: max_num_seqs), which the streaming driver "
-                        "keeps in flight (default: the backend's)")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="generation cap (default: the task's)")
-    g.add_argument("--no-stop", dest="task_stop", action="store_false", help="ignore the task's stop strings: every "
-                   "completion runs to --max-new-tokens (more decoding per rollout; scores unchanged on tasks that "
-                   "read the answer first)")
-    g.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
-    g.set_defaults(func=_generation)
+    s.add_argument("--steps", type=int, default=10_000, help="collection steps")
+    s.add_argument("--seed", type=int, default=0, help="seed of the draws, the pool and the injected failures")
+    s.add_argument("--k", type=int, default=8, help="group size")
+    s.add_argument("--pool-size", type=int, default=20_000, help="prompts in the simulated pool")
+    s.add_argument("--fault-rate", type=float, default=0.02, help="share of environment calls that raise")
+    s.add_argument("--max-rss-growth-mb", type=float, default=64.0,
+                   help="fail when resident memory grows more than this after the warm-up (a tenth of the steps)")
+    s.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    s.set_defaults(func=_soak)
+
+    from sara.commands import bench_engines
+
+    bench_engines.register(bsub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 
 
@@ -121,32 +110,39 @@ def _allocation(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generation(args: argparse.Namespace) -> int:
-    from sara.bench.generation import (
-        GenerationBenchConfig,
-        format_table,
-        parse_allocators,
-        run_generation_bench,
-        write_json,
-    )
-
-    specs = [spec + ("" if driver == "sync" else f"+{driver}") for spec, driver in parse_allocators(args.allocators)]
-    cfg = validate_config(GenerationBenchConfig, dict(
-        backend=args.backend, allocators=specs, task=args.task, groups=args.groups, k=args.k, steps=args.steps,
-        seed=args.seed, seeds=args.seeds, reference=args.reference, slots=args.slots,
-        max_new_tokens=args.max_new_tokens, carry_lag=args.carry_lag, complete_groups=args.complete_groups,
-        task_stop=args.task_stop), what="bench generation")
-    report = run_generation_bench(cfg, log=lambda line: print(f"[bench generation] {line}", file=sys.stderr,
-                                                               flush=True))
-    print(format_table(report))
-    if args.json_out:
-        print(f"\nJSON: {write_json(report, args.json_out)}")
-    return 0
-
-
 def _decisions(args: argparse.Namespace) -> int:
     from sara.bench.decisions import run_decision_bench
 
     res = run_decision_bench(units=args.units, rounds=args.rounds, k=args.k, spec=args.allocator)
     print(json.dumps(res, indent=2))
+    write_report(res, args.json_out)
     return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from sara.bench.soak import soak
+    from sara.config import ConfigError
+
+    for name in ("steps", "k", "pool_size"):
+        if getattr(args, name) < (2 if name == "k" else 1):
+            raise ConfigError(f"bench soak: field '{name}': {getattr(args, name)} is too small")
+    if not 0.0 <= args.fault_rate < 1.0:
+        raise ConfigError(f"bench soak: field 'fault_rate': {args.fault_rate}; give a share in [0, 1)")
+    try:
+        res = soak(args.steps, seed=args.seed, k=args.k, pool=args.pool_size, fault_rate=args.fault_rate,
+                   max_rss_growth_mb=args.max_rss_growth_mb)
+    except AssertionError as exc:
+        print(f"sara: bench soak failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(res, indent=1))
+    write_report(res, args.json_out)
+    return 0
+
+
+def write_report(report: dict, path: str | None) -> None:
+    """Write ``report`` as JSON to ``path`` (parents created) and say so; nothing when ``path`` is None."""
+    if path:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nJSON: {out}")

@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sara.bench.matrix import parse_cells, run_matrix
-from sara.bench.matrix_report import format_report
+from sara.experiments.matrix import parse_cells, run_matrix
+from sara.experiments.matrix_report import format_report
 
 __all__ = ["register", "run", "run_matrix", "QUICK", "format_report", "parse_cells"]
 

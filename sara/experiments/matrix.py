@@ -3,8 +3,8 @@
 A cell is an algorithm and an ``ALLOCATOR[@SAMPLER]`` spec (``parse_cells``); every cell runs seeds
 ``base.seed .. base.seed + seeds - 1`` (``TrainConfig.seed``: rollouts, prompt order, mini-batch order and the
 evaluation's samples; the starting weights are the same for every seed). ``run_matrix`` trains all runs in parallel
-processes and hands them to ``sara.bench.matrix_report``, which measures them (``sara.bench.curves``) and writes
-``matrix.json``, ``matrix.md`` and ``matrix.png``.
+processes and hands them to ``sara.experiments.matrix_report``, which measures them (``sara.experiments.curves``) and
+writes ``matrix.json``, ``matrix.md`` and ``matrix.png``.
 """
 
 from __future__ import annotations
@@ -154,11 +154,11 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
         command: The command line, written at the top of ``matrix.md``.
 
     Returns:
-        The report (``sara.bench.matrix_report.analyze``), also written to ``matrix.json``.
+        The report (``sara.experiments.matrix_report.analyze``), also written to ``matrix.json``.
     """
-    from sara.bench.matrix_report import analyze, write_outputs
     from sara.config import validate_config
     from sara.envs.tasks import make_task
+    from sara.experiments.matrix_report import analyze, write_outputs
     from sara.policies import POLICIES
     from sara.train import TrainConfig, default_threads
 

@@ -20,33 +20,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["t_interval", "crossing_index", "first_reach", "value_at", "normalized_auc", "seed_measures",
+from sara.bench.summary import t_interval
+
+__all__ = ["crossing_index", "first_reach", "value_at", "normalized_auc", "seed_measures",
            "aggregate_measures", "band", "eval_standard_errors", "BUDGET_FRACTIONS"]
 
 BUDGET_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 """Where held-out accuracy is read off each curve, as fractions of the shared rollout budget."""
 
 _TOL = 1e-12  # a curve that ends exactly at the target (the reference's own mean) reaches it despite rounding
-
-
-def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Mean and half-width of the two-sided Student-t confidence interval of the mean.
-
-    Non-finite values are dropped. With one value the half-width is NaN (no interval); with none both are NaN.
-
-    Example: ``t_interval([1, 2, 3, 4])`` = ``(2.5, 3.1824 * 1.2910 / 2)`` = ``(2.5, 2.0543)``.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if len(v) == 0:
-        return math.nan, math.nan
-    mean = float(v.mean())
-    if len(v) < 2:
-        return mean, math.nan
-    from scipy.stats import t
-
-    half = float(t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return mean, half
 
 
 def crossing_index(ys: Sequence[float], target: float) -> float | None:

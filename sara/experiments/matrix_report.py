@@ -15,15 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from sara.bench.curves import (
+from sara.bench.summary import group_ratios, t_interval
+from sara.experiments.curves import (
     BUDGET_FRACTIONS,
     aggregate_measures,
     band,
     eval_standard_errors,
     seed_measures,
-    t_interval,
 )
-from sara.bench.summary import group_ratios
 
 __all__ = ["analyze", "format_report", "write_outputs", "plot_report"]
 
@@ -38,7 +37,7 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
 
     Args:
         runs: ``(cell, result)`` pairs; ``cell`` has ``algo``, ``allocator``, ``sampler``, ``spec``, ``name``
-            (``sara.bench.matrix.Cell``); ``result`` has ``seed``, the ``RunSummary`` fields and ``curve``
+            (``sara.experiments.matrix.Cell``); ``result`` has ``seed``, the ``RunSummary`` fields and ``curve``
             (columnar: ``rollouts``, ``tokens``, ``wall_s``, ``acc`` at each evaluation).
         budget: The shared rollout budget.
         reference: Allocator spec of the reference cell of each algorithm.
