@@ -284,7 +284,8 @@ class _Flight:
         items = []
         for u, p, s, j, pre in zip(ids.tolist(), st.pool_index(ids).tolist(), seeds.tolist(), js.tolist(), prefixes):
             tag = next(_TAGS)  # unique across steps: a late completion of an aborted tag can never match a new one
-            items.append((tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),), prefix=pre)))
+            items.append((tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),), prefix=pre,
+                                              index=j)))
             self.live[tag] = (u, j)
             self.born[tag] = self.version
         self.started += len(ids)

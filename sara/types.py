@@ -70,6 +70,8 @@ class RolloutRequest:
             in, so results do not depend on how rounds are batched or sharded across workers.
         prefix: Text appended to the rendered prompt before generation (a partial trace, for tree rollouts).
         max_new_tokens: Optional per-request cap on generated tokens (``None`` = the backend's setting).
+        index: The index j within its unit of the request's first rollout (rollout ``i`` of the request is rollout
+            ``index + i`` of the unit, seeded accordingly).
     """
 
     unit_id: int
@@ -78,6 +80,7 @@ class RolloutRequest:
     seeds: tuple[int, ...]
     prefix: str = ""
     max_new_tokens: int | None = None
+    index: int = 0
 
     @property
     def n(self) -> int:

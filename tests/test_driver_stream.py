@@ -276,3 +276,21 @@ def test_streaming_sara_costs_what_synchronous_sara_costs(tiny):
             rollouts, effective = rollouts + res.stats.rollouts, effective + res.stats.effective_groups
         cost[name] = rollouts / effective
     assert cost["stream"] == pytest.approx(cost["sync"], rel=0.05), cost
+
+
+def test_every_streamed_request_says_which_rollout_of_its_unit_it_is():
+    """``RolloutRequest.index`` is the rollout's j: its seed is ``(seed, step, prompt, occurrence, j)``."""
+    seen = []
+    env = _env(16)
+    real = env.submit
+
+    def submit(items):
+        seen.extend(req for _, req in items)
+        real(items)
+
+    env.submit = submit
+    collect(make_allocator("sara:probe=2", k=4), env, UniformSampler(300, seed=2), target_groups=6, seed=2,
+            driver=STREAM)
+    assert seen and any(req.index > 0 for req in seen)
+    for req in seen:
+        assert req.seeds[0] == int(derive_seeds(2, 0, req.pool_index, 0, req.index))

@@ -207,7 +207,7 @@ class SequentialAllocator(BudgetAllocator):
     def end_step(self) -> tuple[np.ndarray, np.ndarray]:
         u = self.units
         # Learn from the step's paths before the units still probing are closed: they are censored, not failures
-        # (counting them as failures made the estimate, and with it the surplus, feed on itself).
+        # (counted as failures, they would lower the estimate, raise the admission, and with it the surplus).
         self._paths.end_step(u, u.status == UnitStatus.PROBING, self._won())
         # A committed group cut short (budget, end of a streaming step) is still a valid (smaller) group.
         filling = np.flatnonzero(u.status == UnitStatus.FILLING)

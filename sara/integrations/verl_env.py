@@ -91,7 +91,6 @@ class VerlRolloutEnv:
         self._offered: dict[int, deque[tuple[str, Any]]] = defaultdict(deque)  # pool index -> (uid, row) unbound
         self._unit_row: dict[int, tuple[str, Any]] = {}
         self._serial: Counter[int] = Counter()
-        self._next_j: Counter[int] = Counter()
         self.subs: dict[str, Submission] = {}  # TransferQueue prompt key -> its sessions' tags
         self.flights: dict[int, _Flight] = {}  # driver tag -> rollout
         self._landed: dict[int, list[str]] = {}  # tag -> its trajectory keys (delivered or dropped)
@@ -132,9 +131,8 @@ class VerlRolloutEnv:
                 if not self._offered[req.pool_index]:
                     raise RuntimeError(f"VerlRolloutEnv: no prompt row offered for pool index {req.pool_index}")
                 self._unit_row[u] = self._offered[req.pool_index].popleft()
-            self.flights[tag] = _Flight(unit=u, j=self._next_j[u], seed=int(req.seeds[0]), pool_index=req.pool_index,
+            self.flights[tag] = _Flight(unit=u, j=req.index, seed=int(req.seeds[0]), pool_index=req.pool_index,
                                         loc=("", 0))
-            self._next_j[u] += 1
             by_unit.setdefault(u, []).append(tag)
         self._launch(list(by_unit.items()), retry=False)
 
