@@ -1,4 +1,4 @@
-"""``sara bench allocation``, ``sara bench decisions`` and ``sara bench generation``."""
+"""``sara bench allocation``, ``sara bench decisions``, ``sara bench generation`` and ``sara bench learner``."""
 
 from __future__ import annotations
 
@@ -77,6 +77,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "read the answer first)")
     g.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     g.set_defaults(func=_generation)
+
+    lb = bsub.add_parser("learner", help="update seconds per rollout of the shipped learner vs the naive path (full "
+                         "float32 forwards + a second forward for old log-probs), and FLOP/s vs the measured matmul rate",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    lb.add_argument("--model", default="smollm2", help="prepared model name or local HF model directory")
+    lb.add_argument("--task", default=None, help="task spec (default: 3-shot 1-digit sums)")
+    lb.add_argument("--groups", type=int, default=8, help="prompts in the batch")
+    lb.add_argument("--k", type=int, default=8, help="completions per prompt")
+    lb.add_argument("--max-new-tokens", type=int, default=6, help="generation cap")
+    lb.add_argument("--reps", type=int, default=3, help="timed updates per path (interleaved)")
+    lb.add_argument("--compute-dtype", default="bfloat16", help="the shipped path's compute dtype (auto | float32 | "
+                    "bfloat16)")
+    lb.add_argument("--microbatch-tokens", type=int, default=2048, help="the shipped path's micro-batch budget")
+    lb.add_argument("--algo", default="grpo", help="algorithm spec")
+    lb.add_argument("--seed", type=int, default=0)
+    lb.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    lb.set_defaults(func=_learner)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
 
 
@@ -140,6 +157,24 @@ def _generation(args: argparse.Namespace) -> int:
     print(format_table(report))
     if args.json_out:
         print(f"\nJSON: {write_json(report, args.json_out)}")
+    return 0
+
+
+def _learner(args: argparse.Namespace) -> int:
+    from sara.bench.learner import LearnerBenchConfig, format_table, run_learner_bench
+
+    opts = dict(model=args.model, groups=args.groups, k=args.k, max_new_tokens=args.max_new_tokens, reps=args.reps,
+                compute_dtype=args.compute_dtype, microbatch_tokens=args.microbatch_tokens, algo=args.algo,
+                seed=args.seed)
+    cfg = validate_config(LearnerBenchConfig, {**opts, **({"task": args.task} if args.task else {})},
+                          what="bench learner")
+    report = run_learner_bench(cfg, log=lambda line: print(f"[bench learner] {line}", file=sys.stderr, flush=True))
+    print(format_table(report))
+    if args.json_out:
+        path = Path(args.json_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"\nJSON: {path}")
     return 0
 
 
