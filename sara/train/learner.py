@@ -242,7 +242,7 @@ class Learner:
                                         with_values=self.algo.needs_critic)
                     loss, _ = self.algo.compute_loss(self._loss_inputs(sub, targets, out, rows), den)
                     loss.backward()
-                    outs.append((rows, out))
+                    outs.append((rows, _detached(out)))  # the micro-batch's graph goes now
                 whole = _assemble(outs, len(idx))  # detached [n, R]: the mini-batch's metrics, as one forward's
                 _, m = self.algo.compute_loss(self._loss_inputs(sub, targets, whole, None), den)
                 if targets["old_logprobs"] is None:
@@ -351,6 +351,12 @@ def _assemble(outs: Sequence[tuple[Any, Any]], n: int) -> Any:
         return full
 
     return PolicyOutput(join("logprobs"), join("entropy"), join("values"))
+
+
+def _detached(out: Any) -> Any:
+    from sara.policies.base import PolicyOutput
+
+    return PolicyOutput(*(None if x is None else x.detach() for x in (out.logprobs, out.entropy, out.values)))
 
 
 def _behaviour(logprobs: Any, b: Batch) -> Any:
