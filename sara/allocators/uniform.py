@@ -119,6 +119,11 @@ class DynamicSamplingConfig(AllocatorConfig):
     """Effective-group fraction used to size a batch when gen_batch_prompts is None: a batch is
     ceil(groups still needed / expected_effective) prompts. None = estimate it from this step's batches so far (the
     first batch is exactly the number of groups needed, DAPO's refill loop)."""
+    max_oversample: float = Field(8.0, ge=1.0, le=64.0)
+    """Most prompts a generation batch holds per group still needed (streaming: groups kept in flight), when sized
+    from the effective-fraction estimate: the estimate is floored at 1 / this. A noisy early estimate (no effective
+    group among the first few) would otherwise size a batch at up to 64x what is needed, and its surplus becomes the
+    next step's batch (``sara.train.bank``; docs/training.md has the measurement behind the default)."""
     max_gen_batches: int = Field(64, ge=1)
     """Stop after this many generation batches and return what was collected (status 'allocator_done'). Streaming
     drivers: stop admitting after as many prompts as this many batches of the step's target would hold."""
@@ -137,12 +142,14 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
         return max(1, math.ceil(self._needed() / max(self._effective_fraction(), 1.0 / 64)))
 
     def _effective_fraction(self) -> float:
-        """``expected_effective``, or the step's committed share of finished groups so far (1.0 before any)."""
+        """``expected_effective``, or the step's committed share of finished groups so far (1.0 before any), at least
+        ``1 / max_oversample``."""
         if self.config.expected_effective is not None:
             return self.config.expected_effective
         st = self.units.status
         done = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.DISCARDED)).sum())
-        return (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
+        share = (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
+        return max(share, 1.0 / self.config.max_oversample)
 
     def _max_batches(self) -> int:
         return self.config.max_gen_batches

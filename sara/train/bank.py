@@ -8,7 +8,11 @@ opens the next step's batch, whose collection then only needs what is missing, s
 become more optimizer steps at the same rollout budget.
 
 Lag is bounded by one weight update: every banked group is trained in the very next step (if the bank ever holds more
-than a batch, that batch grows rather than waiting). A banked rollout is stamped with the step that generated it
+than a batch, that batch grows rather than waiting). The batch stays bounded because the surplus is capped where it is
+made: DS sizes a generation batch at most ``max_oversample`` (default 8) prompts per group still needed, SARA's
+admission covers what is needed with in-flight units, so a step's surplus is at most a few batches, and the learner's
+micro-batches (``OptimConfig.microbatch_tokens``) keep memory flat whatever the batch. (Measured against a bank that
+bounds the batch by delaying or dropping groups instead: docs/training.md, "Surplus groups".) A banked rollout is stamped with the step that generated it
 (``Rollout.metadata["policy_step"]``), so the learner trains it with its generator's log-probs as old log-probs
 (``sara.train.learner.make_batch``: stale rows), as it does for the streaming driver's carried rollouts. The run's
 last step (or the one that spends the rollout budget) banks nothing (``flush``): no rollout is left untrained. A checkpoint holds the bank (``state_dict``: rollouts with their token ids and log-probs; prompts by pool
