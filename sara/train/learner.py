@@ -216,7 +216,8 @@ class Learner:
 
         Each mini-batch: its loss denominators, then per micro-batch a forward with gradient, its loss (divided by
         the mini-batch's counts) and a backward; then the mini-batch's metrics from the detached outputs (what one
-        forward would report), gradient clipping and ONE optimizer step. Gradients are freed after the step.
+        forward would report), gradient clipping and ONE optimizer step. Gradients are freed after the step, and the
+        heap pages the update's activations freed are handed back to the OS at its end (``_trim_heap``).
         """
         import torch
 
@@ -258,6 +259,7 @@ class Learner:
                 for key, v in m.items():
                     sums[key] += v
                 count += 1
+        _trim_heap()
         out_m = {k: v / count for k, v in sums.items()}
         out_m["algo/optimizer_steps"] = float(count)
         adv_m = advantages[b.response_mask > 0]
@@ -351,6 +353,22 @@ def _assemble(outs: Sequence[tuple[Any, Any]], n: int) -> Any:
         return full
 
     return PolicyOutput(join("logprobs"), join("entropy"), join("values"))
+
+
+def _trim_heap() -> None:
+    """Give the heap pages freed by the update back to the OS (glibc ``malloc_trim``; nothing elsewhere).
+
+    Activations are many MB-sized buffers that glibc keeps in its heap once freed: on SmolLM2 the resident size grew
+    from 3.0 to 4.3 GB over three steps while live memory stayed at 2.4 GB (docs/training.md, "Memory")."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim this way
+        pass
 
 
 def _detached(out: Any) -> Any:
