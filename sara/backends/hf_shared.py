@@ -8,11 +8,13 @@ shares them the same way). ``HFBackendConfig.shared_prefix_tokens`` sets the sho
 How: the prompts' longest common prefix (shorter than the shortest prompt, so every prompt keeps a suffix token for
 its logits) is prefilled as one row, or taken from the few prefixes kept from earlier calls under the same weights
 version (a streaming admission of a single prompt reuses the prefix of an earlier batch; a batch whose own common
-prefix is at least ``min_tokens`` longer than the kept one it starts with gets that longer prefix prefilled and kept). The suffixes are then
-prefilled together on top of the prefix's KV, repeated per row, with per-row positions continuing after the prefix
-and the suffixes' left padding masked between prefix and suffix. Finally each row's keys / values are moved so its
-real tokens end the row (the left-padded layout every other prefill returns): callers cannot tell the difference, up
-to last-bit logit noise of a different computation order (exact in float32 on the tests' model).
+prefix is at least ``min_tokens`` longer than the kept one it starts with gets that longer prefix prefilled and
+kept). The suffixes are then prefilled together on top of the prefix's KV, broadcast to every row, with per-row
+positions continuing after the prefix and the suffixes' left padding masked between prefix and suffix. Finally each
+row's keys / values are moved so its real tokens end the row (the left-padded layout every other prefill returns):
+callers cannot tell the difference, up to last-bit logit noise of a different computation order (exact in float32
+on the tests' model). The common-prefix length and the broadcast cache are ``sara.policies.prefix``'s, shared with
+the learner's training forward (``HFPolicy.score_at``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from sara.policies.prefix import broadcast_cache, common_prefix_len
 
 __all__ = ["SharedPrefixes"]
 
@@ -62,7 +66,7 @@ class SharedPrefixes:
         shortest = min(len(k) for k in keys)
         kept = max((p for p in self._kv if len(p) < shortest and all(k[:len(p)] == p for k in keys)),
                    key=len, default=None)
-        size = min(_common_prefix(keys), shortest - 1) if len(keys) > 1 else 0
+        size = min(common_prefix_len(keys), shortest - 1) if len(keys) > 1 else 0
         if kept is not None and size < len(kept) + self.min_tokens:  # this batch shares little more than it
             prefix = kept
             self._kv.move_to_end(prefix)
@@ -79,21 +83,9 @@ class SharedPrefixes:
         return _prefill_suffixes(backend, self._kv[prefix], keys, len(prefix))
 
 
-def _common_prefix(keys: list[tuple[int, ...]]) -> int:
-    """Length of the longest prefix every key starts with."""
-    first, n = keys[0], min(len(k) for k in keys)
-    for i in range(n):
-        t = first[i]
-        if any(k[i] != t for k in keys):
-            return i
-    return n
-
-
 def _prefill_suffixes(backend: Any, kv: tuple[list[torch.Tensor], list[torch.Tensor]], keys: list[tuple[int, ...]],
                       p: int) -> tuple[torch.Tensor, Any, torch.Tensor]:
     """Prefill the suffixes ``key[p:]`` on top of the prefix KV ``kv``; return the left-padded layout."""
-    from transformers import DynamicCache
-
     dev = backend.device
     b = len(keys)
     lens = torch.tensor([len(k) - p for k in keys], dtype=torch.long, device=dev)  # every suffix >= 1 token
@@ -106,9 +98,7 @@ def _prefill_suffixes(backend: Any, kv: tuple[list[torch.Tensor], list[torch.Ten
     ids, smask = ids.to(dev), smask.to(dev)
     mask = torch.cat([torch.ones((b, p), dtype=torch.long, device=dev), smask], dim=1)  # [B, P + S]
     pos = p + (smask.cumsum(-1) - 1).clamp(min=0)  # positions continue after the prefix
-    cache = DynamicCache()
-    for layer, (k, v) in enumerate(zip(*kv)):
-        cache.update(k.expand(b, -1, -1, -1).contiguous(), v.expand(b, -1, -1, -1).contiguous(), layer)
+    cache = broadcast_cache(list(zip(*kv)), b)  # the prefix's KV for every row (sara.policies.prefix)
     logits, cache = backend._forward(ids, mask, pos, cache)
     # Row i's real columns are 0..p-1 (prefix) and p+s-len_i .. p+s-1 (suffix); move them to the row's end.
     width = p + s
