@@ -157,13 +157,13 @@ def test_one_pass_takes_old_logprobs_from_its_own_forward_and_stale_ones_from_th
     import dataclasses
 
     gs = groups()
-    gs[0] = dataclasses.replace(gs[0], rollouts=tuple(dataclasses.replace(r, metadata={"policy_step": 3 if j == 0
-                                                                                        else 4})
+    gs[0] = dataclasses.replace(gs[0], rollouts=tuple(dataclasses.replace(r, policy_version=3 if j == 0
+                                                                                        else 4)
                                                       for j, r in enumerate(gs[0].rollouts)))
     pol = CountingPolicy(SMALL)
     learner = Learner(pol, make_algo("grpo"), OptimConfig(lr=1e-3), seed=0)
     learner.algo = spy = LossSpy(learner.algo)
-    b = learner.make_batch(gs, step=4)
+    b = learner.make_batch(gs, version=4)
     adv, ret, extra = learner.advantages(b)
     assert pol.calls == [] and extra["old_logprobs"] is None  # no forward before the update
     metrics = learner.update(b, adv, ret, extra, step=4)
