@@ -57,12 +57,35 @@ class SharedPrefixes:
 
     def prefill(self, backend: Any, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor] | None:
         """``backend._prefill_plain(prompts)``'s result (logits ``[B, V]``, ``DynamicCache``, left-padded mask
-        ``[B, W]``) computed through a shared prefix, or None when the prompts share fewer than ``min_tokens``
-        leading tokens (the caller then prefills them whole)."""
+        ``[B, W]``) computed through shared prefixes, or None when no two prompts share ``min_tokens`` leading tokens
+        beyond what all of them share and the prompts share fewer than ``min_tokens`` (the caller then prefills them
+        whole).
+
+        A batch that mixes prompt families (a mixture task's components, each with its own few-shot examples) is
+        split by family: prompts that agree on ``min_tokens`` tokens past the batch's common prefix are prefilled
+        together through their own longer prefix, the rest through the batch's; the parts are merged back into one
+        left-padded batch in the prompts' order."""
         if backend.version != self.version:
             self.reset()
             self.version = backend.version
         keys = [tuple(int(t) for t in p) for p in prompts]
+        families: dict[tuple[int, ...], list[int]] = {}
+        width = common_prefix_len(keys) + self.min_tokens
+        for i, k in enumerate(keys):
+            families.setdefault(k[:width] if len(k) > width else k, []).append(i)
+        if len(families) == 1 or max(len(v) for v in families.values()) == 1:
+            return self._prefill_family(backend, keys)
+        rest = [i for v in families.values() if len(v) == 1 for i in v]
+        parts = [v for v in families.values() if len(v) > 1] + ([rest] if rest else [])
+        outs = []
+        for idx in parts:
+            sub = [keys[i] for i in idx]
+            outs.append(self._prefill_family(backend, sub) or backend._prefill_plain([list(k) for k in sub]))
+        return _merge(outs, [i for idx in parts for i in idx])
+
+    def _prefill_family(self, backend: Any, keys: list[tuple[int, ...]]
+                        ) -> tuple[torch.Tensor, Any, torch.Tensor] | None:
+        """``prefill`` of prompts treated as one family (one common prefix, kept or prefilled)."""
         shortest = min(len(k) for k in keys)
         kept = max((p for p in self._kv if len(p) < shortest and all(k[:len(p)] == p for k in keys)),
                    key=len, default=None)
@@ -81,6 +104,30 @@ class SharedPrefixes:
             while len(self._kv) > self.max_entries:
                 self._kv.popitem(last=False)
         return _prefill_suffixes(backend, self._kv[prefix], keys, len(prefix))
+
+
+def _merge(outs: list[tuple[torch.Tensor, Any, torch.Tensor]], order: list[int]
+           ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    """One left-padded batch from prefills of disjoint parts of it: each part's mask and keys / values padded on the
+    left to the widest part, concatenated, rows put back in the prompts' order (``order[j]``: the prompt of
+    concatenated row ``j``)."""
+    from transformers import DynamicCache
+
+    width = max(mask.shape[1] for _, _, mask in outs)
+    dev = outs[0][2].device
+    back = torch.empty(len(order), dtype=torch.long, device=dev)
+    back[torch.tensor(order, dtype=torch.long, device=dev)] = torch.arange(len(order), device=dev)
+    logits = torch.cat([lg for lg, _, _ in outs]).index_select(0, back)
+    mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for _, _, m in outs]).index_select(0, back)
+    cache = DynamicCache()
+    for li in range(len(outs[0][1].layers)):
+        ks, vs = [], []
+        for _, c, m in outs:
+            pad = (0, 0, width - m.shape[1], 0)  # [B, H, W, D]: pad W on the left
+            ks.append(torch.nn.functional.pad(c.layers[li].keys, pad))
+            vs.append(torch.nn.functional.pad(c.layers[li].values, pad))
+        cache.update(torch.cat(ks).index_select(0, back), torch.cat(vs).index_select(0, back), li)
+    return logits, cache, mask
 
 
 def _prefill_suffixes(backend: Any, kv: tuple[list[torch.Tensor], list[torch.Tensor]], keys: list[tuple[int, ...]],
