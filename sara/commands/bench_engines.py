@@ -107,6 +107,17 @@ def register(bsub: Any) -> None:
     lb.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     lb.set_defaults(func=_learner)
 
+    pb = bsub.add_parser("population", help="a policy's per-prompt success rates on a run's pool (from k samples): "
+                         "solved / unsolved / mixed groups, and DS, the paper's rule and the Bayes-optimal rule on it",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    pb.add_argument("--config", default=None, help="sara train config file (default: the embedded default)")
+    pb.add_argument("--checkpoint", default=None, help="a sara train checkpoint: its policy and config instead")
+    pb.add_argument("--prompts", type=int, default=300, help="pool prompts whose success rate is estimated")
+    pb.add_argument("--samples", type=int, default=16, help="seeded rollouts per prompt")
+    pb.add_argument("--seed", type=int, default=1, help="seed of the prompt draw and the rollouts")
+    pb.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    pb.set_defaults(func=_population)
+
 
 def _generation(args: argparse.Namespace) -> int:
     from sara.bench.generation import (
@@ -194,6 +205,19 @@ def _learner(args: argparse.Namespace) -> int:
     cfg = validate_config(LearnerBenchConfig, {**opts, **({"task": args.task} if args.task else {})},
                           what="bench learner")
     report = run_learner_bench(cfg, log=lambda line: print(f"[bench learner] {line}", file=sys.stderr, flush=True))
+    print(format_table(report))
+    write_report(report, args.json_out)
+    return 0
+
+
+def _population(args: argparse.Namespace) -> int:
+    from sara.bench.population import PopulationBenchConfig, format_table, run_population_bench
+
+    cfg = validate_config(PopulationBenchConfig, dict(config=args.config, checkpoint=args.checkpoint,
+                                                      prompts=args.prompts, samples=args.samples, seed=args.seed),
+                          what="bench population")
+    report = run_population_bench(cfg, log=lambda line: print(f"[bench population] {line}", file=sys.stderr,
+                                                              flush=True))
     print(format_table(report))
     write_report(report, args.json_out)
     return 0
