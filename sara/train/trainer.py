@@ -34,7 +34,7 @@ from sara.train.bank import SurplusBank
 from sara.train.config import TrainConfig, default_threads
 from sara.train.guards import VerifierHealth
 from sara.train.learner import Learner, planned_optimizer_steps
-from sara.train.summary import RunSummary
+from sara.train.summary import RunSummary, run_files, summarize
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
 
@@ -174,6 +174,7 @@ class Trainer:
             self.totals["verifier_errors"] += health["env/verifier_errors"]
             self.totals["verifier_timeouts"] += health["env/verifier_timeouts"]
         metrics.update(timer.metrics())
+        self.wall_seconds += metrics["time/step"]  # so summary() is right when stepping by hand
         return metrics
 
     # ------------------------------------------------------------------------------------------ the run loop
@@ -204,6 +205,7 @@ class Trainer:
             pass
         summary = self.summary(records)
         summary.interrupted = stop.received
+        summary.files = run_files(self.out_dir)
         return summary
 
     def _loop(self, total: int, logger: Any, stop: Any) -> None:
@@ -212,8 +214,8 @@ class Trainer:
             if self.step == 0:
                 logger.log(0, {**self.evaluate(), **self._cumulative()})
             while self.step < total and not self.budget_spent() and stop.received is None:
+                metrics = self.train_step()  # adds its own seconds to wall_seconds
                 t0 = time.perf_counter()
-                metrics = self.train_step()
                 if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step >= total or self.budget_spent():
                     metrics.update(self.evaluate())
                 metrics.update(self._cumulative())
@@ -224,7 +226,8 @@ class Trainer:
                 logger.log(self.step, metrics)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
-            self.save()
+            if cfg.checkpoint_every or stop.received is not None:  # checkpoints only when asked (or to --resume)
+                self.save()
         finally:
             logger.close()
 
@@ -291,23 +294,9 @@ class Trainer:
         return out
 
     def summary(self, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
-        """Before/after accuracy (from the JSONL records when given), rollouts, tokens, and the DS estimate."""
-        evals = [r for r in (records or self.evals) if "eval/acc_sample" in r]
-        first, last = (evals[0], evals[-1]) if evals else ({}, {})
-        t = self.totals
-        p_mixed = self.outcomes.p_mixed()
-        ds = t["effective_groups"] * self.config.k / p_mixed if p_mixed > 0 else float("nan")
-        return RunSummary(
-            name=self.config.name, algo=self.config.algo, allocator=self.config.allocator, steps=self.step,
-            acc_before=float(first.get("eval/acc_sample", float("nan"))),
-            acc_after=float(last.get("eval/acc_sample", float("nan"))),
-            greedy_before=first.get("eval/acc_greedy"), greedy_after=last.get("eval/acc_greedy"),
-            rollouts=int(t["rollouts"]), tokens=int(t["tokens"]), effective_groups=int(t["effective_groups"]),
-            committed_groups=int(t["committed_groups"]), p_mixed=p_mixed, ds_rollouts_estimate=ds,
-            wall_seconds=self.wall_seconds, out_dir=str(self.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
-            ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
-            verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
-            checkpoint=None if self.last_checkpoint is None else str(self.last_checkpoint))
+        """Before/after accuracy (from the JSONL records when given, else from the evaluations run so far),
+        rollouts, tokens, wall seconds and the DS estimate (``sara.train.summary.summarize``)."""
+        return summarize(self, records)
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
