@@ -8,7 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunSummary", "summarize", "run_files"]
+__all__ = ["RunSummary", "peak_rss_mb", "summarize", "run_files"]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MiB (``getrusage``; NaN where it is unavailable)."""
+    try:
+        import resource
+        import sys
+    except ImportError:  # not a Unix
+        return float("nan")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 @dataclass
@@ -47,6 +58,8 @@ class RunSummary:
     the run, so that it can be resumed)."""
     files: list[str] = field(default_factory=list)
     """Every file the run left in ``out_dir``, relative to it (``run_files``); filled by ``Trainer.train``."""
+    peak_rss_mb: float = float("nan")
+    """The process's peak resident memory in MiB when the summary was made (the run's, in a ``sara train`` process)."""
 
     @property
     def effective_fraction(self) -> float:
@@ -76,7 +89,7 @@ def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) 
         wall_seconds=trainer.wall_seconds, out_dir=str(trainer.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
         ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
         verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
-        checkpoint=None if trainer.last_checkpoint is None else str(trainer.last_checkpoint))
+        checkpoint=None if trainer.last_checkpoint is None else str(trainer.last_checkpoint), peak_rss_mb=peak_rss_mb())
 
 
 def run_files(out_dir: str | Path, *, max_listed: int = 4) -> list[str]:

@@ -34,7 +34,7 @@ from sara.train.bank import SurplusBank
 from sara.train.config import TrainConfig, default_threads
 from sara.train.guards import VerifierHealth
 from sara.train.learner import Learner, planned_optimizer_steps
-from sara.train.summary import RunSummary, run_files, summarize
+from sara.train.summary import RunSummary, peak_rss_mb, run_files, summarize
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
 
@@ -223,6 +223,7 @@ class Trainer:
                 metrics["train/lr"] = self.learner.lr()
                 self.wall_seconds += time.perf_counter() - t0
                 metrics["time/total"] = self.wall_seconds
+                metrics["sys/peak_rss_mb"] = peak_rss_mb()
                 logger.log(self.step, metrics)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
