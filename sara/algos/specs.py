@@ -39,7 +39,7 @@ from sara.algos.advantages import ADVANTAGES, AdvantageInputs, build_token_rewar
 from sara.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES, LossInputs, kl_penalty, rl_loss
 from sara.algos.options import errors_text, none_strings
 from sara.config import ConfigError, SaraModel, parse_spec
-from sara.registry import Registry
+from sara.registry import Registry, instance_of
 
 __all__ = ["ALGOS", "AlgoSpec", "make_algo", "register_algo"]
 
@@ -279,7 +279,7 @@ class AlgoSpec(SaraModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ registry
-ALGOS: Registry[AlgoSpec] = Registry("algorithm")
+ALGOS: Registry[AlgoSpec] = Registry("algorithm", accepts=instance_of(AlgoSpec), expects="a sara.algos.AlgoSpec")
 
 
 def register_algo(spec: AlgoSpec, *, override: bool = False) -> AlgoSpec:
