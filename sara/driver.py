@@ -37,10 +37,12 @@ from sara.samplers.base import PromptSampler
 from sara.step import CollectObserver, StepState, StreamCarry
 from sara.types import CollectResult, Rollout, RolloutRequest
 
-__all__ = ["DriverConfig", "STEP_ROLLOUTS_FACTOR", "StreamCarry", "collect", "release_carry"]
+__all__ = ["DriverConfig", "MIN_STEP_ROLLOUTS", "STEP_ROLLOUTS_FACTOR", "StreamCarry", "collect", "release_carry"]
 
 STEP_ROLLOUTS_FACTOR = 64
-"""``DriverConfig.max_step_rollouts`` when it is None: this many full batches (``target_groups`` x k rollouts)."""
+"""``DriverConfig.max_step_rollouts`` when it is None: this many full batches (``target_groups`` x k rollouts)..."""
+MIN_STEP_ROLLOUTS = 4096
+"""... and at least this many rollouts (a small batch of small groups is noisy: a few unlucky probes are no sign)."""
 
 
 class DriverConfig(SaraModel):
@@ -68,8 +70,9 @@ class DriverConfig(SaraModel):
     max_step_rollouts: int | None = Field(None, ge=1)
     """Both modes: the most rollouts one step may start, a bound against steps where nothing is effective (an
     always-wrong policy under ``ds`` or ``sara`` keeps drawing prompts); when it binds the step stops with status
-    'max_step_rollouts'. None = ``STEP_ROLLOUTS_FACTOR`` x ``target_groups`` x k (64 full batches: a step reaches
-    it only when fewer than 1 in 64 groups is effective). A smaller ``max_rollouts`` budget binds first."""
+    'max_step_rollouts'. None = ``STEP_ROLLOUTS_FACTOR`` x ``target_groups`` x k, at least ``MIN_STEP_ROLLOUTS``
+    (64 full batches: a step reaches it only when fewer than 1 in 64 groups is effective). A smaller ``max_rollouts``
+    budget binds first."""
     poll_timeout: float | None = Field(None, gt=0)
     """Streaming: seconds one ``env.poll`` may wait (None = until a rollout finishes; in-process engines ignore it)."""
 
@@ -134,7 +137,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         raise ConfigError(f"driver: field 'carry_lag': {allocator.name!r} does not carry units over between steps; "
                           "give carry_lag=0")
     cap = sys.maxsize if cfg.barrier else int(cfg.slots or env.slots)  # type: ignore[attr-defined]
-    bound = cfg.max_step_rollouts or STEP_ROLLOUTS_FACTOR * target_groups * max(1, int(allocator.k))
+    bound = cfg.max_step_rollouts or max(MIN_STEP_ROLLOUTS, STEP_ROLLOUTS_FACTOR * target_groups * int(allocator.k))
     limit, spent_reason = (max_rollouts, "max_rollouts") if max_rollouts is not None and max_rollouts <= bound \
         else (bound, "max_step_rollouts")
     lookahead = (target_groups if cfg.lookahead is None else cfg.lookahead) if cfg.carry_lag else 0

@@ -22,8 +22,8 @@ __all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_ove
 class OptimConfig(SaraModel):
     """Optimizer and schedule (AdamW). Every count here is in optimizer steps."""
 
-    lr: float = Field(2e-4, gt=0, le=1)
-    """Peak learning rate, in (0, 1]."""
+    lr: float = Field(2e-4, gt=0, le=10)
+    """Peak learning rate, in (0, 10]."""
     weight_decay: float = Field(0.0, ge=0, le=1)
     """AdamW weight decay, in [0, 1]."""
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)

@@ -76,6 +76,7 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         self.algo = make_algo(cfg.algo)
         self.task = make_task(cfg.task)
+        mode = scorer_mode(cfg.scorer, self.task)  # a verifier that is not thread-safe runs in worker processes
         if not self.task.eval_prompts and verbose:
             print(f"sara: note: task {self.task.id!r} has no held-out prompts: no evaluation (eval/* metrics); hold "
                   "some out with the task option eval_size=N", file=sys.stderr, flush=True)
@@ -99,7 +100,6 @@ class Trainer:
         sampling = SamplingConfig(temperature=cfg.temperature,
                                   max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
                                   stop=self.task.stop)
-        mode = scorer_mode(cfg.scorer, self.task)  # a verifier that is not thread-safe runs in worker processes
         self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
         self.allocator = make_allocator(cfg.allocator, k=cfg.k)
         self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
