@@ -80,6 +80,24 @@ def compare_config(saved: Any, config: Any, path: Path) -> list[str]:
     return notes
 
 
+def _eq(a: Any, b: Any) -> bool:
+    """Equal, of the same kinds, element by element (arrays and tensors included); never raises."""
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return isinstance(a, Mapping) and isinstance(b, Mapping) and set(a) == set(b) and all(_eq(a[k], b[k])
+                                                                                               for k in a)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
+    if isinstance(a, (bool, np.bool_)) != isinstance(b, (bool, np.bool_)):
+        return False
+    scalars = (int, float, str, type(None), np.integer, np.floating, np.bool_)
+    if not (isinstance(a, scalars) and isinstance(b, scalars)):
+        return False
+    try:
+        return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _fail(path: Path, where: str, problem: str) -> CheckpointError:
     return CheckpointError(f"checkpoint {path}: {where}: {problem}")
 
@@ -184,10 +202,10 @@ def _learner(fresh: Mapping[str, Any], got: Any, trainer: Any, path: Path) -> No
     shapes: dict[Any, tuple[int, ...]] = {}
     for i, (g, ref, live) in enumerate(zip(opt["param_groups"], ref_opt["param_groups"],
                                            trainer.learner.optimizer.param_groups)):
-        if not isinstance(g, Mapping) or g.get("params") != ref["params"]:
+        if not isinstance(g, Mapping) or not _eq(g.get("params"), ref["params"]):
             raise _fail(path, f"learner.optimizer.param_groups[{i}]", "its parameters differ from this policy's")
         for key in set(g) & set(ref) - {"params", "lr", "initial_lr"}:
-            if g[key] != ref[key]:
+            if not _eq(g[key], ref[key]):
                 raise _fail(path, f"learner.optimizer.param_groups[{i}].{key}",
                             f"{g[key]!r} differs from the config's {ref[key]!r}"[:300])
         shapes.update({pid: tuple(p.shape) for pid, p in zip(ref["params"], live["params"])})
@@ -210,10 +228,10 @@ def _rng(fresh: Mapping[str, Any], got: Any, path: Path) -> None:
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in py[1]) and py[1][-1] <= 624
     ok = ok and (py[2] is None or isinstance(py[2], float) and math.isfinite(py[2]))
     npst = got.get("numpy") if ok else None
-    ok = ok and isinstance(npst, tuple) and len(npst) == 5 and npst[0] == "MT19937" and isinstance(
+    ok = ok and isinstance(npst, tuple) and len(npst) == 5 and _eq(npst[0], "MT19937") and isinstance(
         npst[1], np.ndarray) and npst[1].dtype == np.uint32 and npst[1].shape == (624,)
     ok = ok and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in npst[2:4]) and \
-        0 <= npst[2] <= 624 and npst[3] in (0, 1) and isinstance(npst[4], float) and math.isfinite(npst[4])
+        0 <= npst[2] <= 624 and int(npst[3]) in (0, 1) and isinstance(npst[4], float) and math.isfinite(npst[4])
     t = got.get("torch") if ok else None
     if not (ok and isinstance(t, torch.Tensor) and t.dtype == fresh["torch"].dtype and t.shape == fresh["torch"].shape):
         raise _fail(path, "rng", "not the random-number generator states of this python / numpy / torch")
@@ -232,7 +250,7 @@ def _bank(got: Any, trainer: Any, path: Path, pool: int) -> None:
             raise _fail(path, at, "not a banked group")
         _count(g["group_id"], path, f"{at}.group_id")
         _count(g["pool_index"], path, f"{at}.pool_index", most=pool - 1)
-        if g["decision"] not in {int(d) for d in Decision}:
+        if not any(_eq(g["decision"], int(d)) for d in Decision):
             raise _fail(path, f"{at}.decision", f"{g['decision']!r} is not a decision")
         if not isinstance(g["rollouts"], list) or not g["rollouts"]:
             raise _fail(path, f"{at}.rollouts", "a group holds at least one rollout")
@@ -265,6 +283,15 @@ def validate_state(trainer: Any, path: Path, state: Any) -> None:
     Raises:
         CheckpointError: naming the file, where in the state, and what is wrong.
     """
+    try:
+        _validate(trainer, path, state)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a structure no check above foresaw is refused all the same
+        raise _fail(path, "state", f"unexpected structure ({type(exc).__name__}: {exc})"[:300]) from None
+
+
+def _validate(trainer: Any, path: Path, state: Any) -> None:
     fresh = trainer.state_dict()
     if not isinstance(state, Mapping) or set(state) != set(fresh):
         keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
@@ -285,7 +312,7 @@ def validate_state(trainer: Any, path: Path, state: Any) -> None:
     for key, v in totals.items():
         _number(v, path, f"totals.{key}")
     out = state["outcomes"]
-    if not isinstance(out, Mapping) or set(out) != {"k", "rows"} or out["k"] != trainer.config.k \
+    if not isinstance(out, Mapping) or set(out) != {"k", "rows"} or not _eq(out["k"], trainer.config.k) \
             or not isinstance(out["rows"], list):
         raise _fail(path, "outcomes", f"expected {{'k': {trainer.config.k}, 'rows': [...]}}")
     for i, row in enumerate(out["rows"]):
@@ -305,7 +332,7 @@ def validate_state(trainer: Any, path: Path, state: Any) -> None:
             _number(v, path, f"evals[{i}].{key}")
     _learner(fresh["learner"], state["learner"], trainer, path)
     alloc = state["allocator"]
-    if not isinstance(alloc, Mapping) or alloc.get("config") != fresh["allocator"]["config"]:
+    if not isinstance(alloc, Mapping) or not _eq(alloc.get("config"), fresh["allocator"]["config"]):
         raise _fail(path, "allocator.config", "differs from the configured allocator's options")
     astep = alloc.get("step", -1)  # -1 before the first step
     _like({**fresh["allocator"], "step": 0}, {**alloc, "step": 0}, path, "allocator", pool)
