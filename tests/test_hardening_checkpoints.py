@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from sara.train import TrainConfig, Trainer  # noqa: E402
@@ -209,6 +209,7 @@ def test_any_mutation_is_refused_or_taken_exactly(run, tmp_path, data):
         path, got, skipped = _resume(run, tmp_path, state)
     except TypeError:  # the codec refuses to write it (e.g. a bare object): not a checkpoint this test can make
         return
+    event("refused" if path.name == "ckpt-000001.pt" else "taken")
     if path.name == "ckpt-000001.pt":
         assert len(skipped) == 1 and "\n" not in skipped[0] and skipped[0].startswith("checkpoint "), skipped
         return

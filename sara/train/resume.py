@@ -266,15 +266,55 @@ def _bank(got: Any, trainer: Any, path: Path, pool: int) -> None:
                 raise _fail(path, f"{at}.rollouts[{j}].logprobs", "one finite log-prob per token id")
             if not isinstance(r.get("reward", 0.0), (int, float)) or not math.isfinite(r.get("reward", 0.0)):
                 raise _fail(path, f"{at}.rollouts[{j}].reward", "not a finite number")
-    _trial(copy.copy(trainer.bank), lambda b: b.load_state_dict(got, trainer.env.prompts), path, "bank")
+    _trial(copy.copy(trainer.bank), lambda b: b.load_state_dict(got, trainer.env.prompts), path, "bank", got)
 
 
-def _trial(obj: Any, load: Any, path: Path, where: str) -> None:
-    """``load(obj)`` on a throwaway copy: what its own loader refuses is refused here, before the real load."""
+def _trial(obj: Any, load: Any, path: Path, where: str, state: Any) -> None:
+    """``load(obj)`` on a throwaway copy: what its own loader refuses is refused here, before the real load; and the
+    copy's ``state_dict()`` must then be ``state`` again, value for value (a loader that coerces, ``2.7`` into ``2``
+    or ``-1`` into a valid index, would change what the checkpoint says)."""
     try:
         load(obj)
+        back = obj.state_dict()
     except Exception as exc:  # noqa: BLE001 - a loader can refuse in any way
         raise _fail(path, where, f"{type(exc).__name__}: {exc}"[:300]) from None
+    differs = _differs(state, back, where)
+    if differs is not None:
+        at, saved, loaded = differs
+        raise _fail(path, at, f"{saved!r} would load as {loaded!r}"[:300])
+
+
+def _differs(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
+    """The first place where two states hold different values (lists, tuples and arrays alike; ints equal to floats
+    of the same value, but a bool never equal to a number, nor a string to anything else), as ``(where, a's, b's)``;
+    None when they agree."""
+    if isinstance(a, np.ndarray):
+        a = a.tolist()
+    if isinstance(b, np.ndarray):
+        b = b.tolist()
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        if not (isinstance(a, Mapping) and isinstance(b, Mapping)) or set(a) != set(b):
+            return where, "a mapping" if isinstance(a, Mapping) else a, "a mapping" if isinstance(b, Mapping) else b
+        for key in a:
+            found = _differs(a[key], b[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))) or len(a) != len(b):
+            return where, a, b
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _differs(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(a, (np.generic,)):
+        a = a.item()
+    if isinstance(b, (np.generic,)):
+        b = b.item()
+    same = a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    kinds = (isinstance(a, str), isinstance(a, bool)) == (isinstance(b, str), isinstance(b, bool))
+    return None if same and kinds else (where, a, b)
 
 
 def validate_state(trainer: Any, path: Path, state: Any) -> None:
@@ -338,9 +378,10 @@ def _validate(trainer: Any, path: Path, state: Any) -> None:
     _like({**fresh["allocator"], "step": 0}, {**alloc, "step": 0}, path, "allocator", pool)
     if astep != -1:
         _count(astep, path, "allocator.step", most=step)
-    _trial(copy.deepcopy(trainer.allocator), lambda a: a.load_state_dict(alloc), path, "allocator")
+    _trial(copy.deepcopy(trainer.allocator), lambda a: a.load_state_dict(alloc), path, "allocator", alloc)
     _like(fresh["sampler"], state["sampler"], path, "sampler", pool)
-    _trial(copy.deepcopy(trainer.sampler), lambda s: s.load_state_dict(state["sampler"]), path, "sampler")
+    _trial(copy.deepcopy(trainer.sampler), lambda s: s.load_state_dict(state["sampler"]), path, "sampler",
+           state["sampler"])
     _bank(state["bank"], trainer, path, pool)
     _rng(fresh["rng"], state["rng"], path)
 
