@@ -107,6 +107,28 @@ def test_a_longer_common_prefix_replaces_a_short_kept_one(pair):
     assert (on.shared_prefix.prefills - p0, on.shared_prefix.hits - h0) == (1, 1)
 
 
+def test_a_batch_of_prompt_families_prefills_each_through_its_own_prefix(pair):
+    """A mixture's batch: two few-shot families (no prefix common to all) and a prompt of neither, interleaved."""
+    on, off = pair
+    on.reset_prefix_cache()
+    other = "Subtract: 9-2=7\n8-5=3\n7-7=0\nNow: "
+    texts = [SHOTS + QUESTIONS[0], other + "5-1=", "Unrelated prompt", SHOTS + QUESTIONS[1], other + "10-3=",
+             SHOTS + QUESTIONS[2], other + "6-6="]
+    prompts = _ids(on, texts)
+    p0 = on.shared_prefix.prefills
+    logits, cache, mask = on._prefill_batch(prompts)
+    assert on.shared_prefix.prefills == p0 + 2  # one prefix per family, none for the lone prompt
+    ref_logits, ref_cache, ref_mask = off._prefill_batch(prompts)
+    assert torch.equal(mask, ref_mask)
+    assert torch.allclose(logits, ref_logits, atol=1e-4)
+    real = mask.bool()[:, None, :, None]
+    for got, ref in zip(cache.layers, ref_cache.layers):
+        assert torch.allclose(got.keys * real, ref.keys * real, atol=1e-4)
+        assert torch.allclose(got.values * real, ref.values * real, atol=1e-4)
+    reqs = [GenerationRequest(prompt=t, seeds=(5 + i,)) for i, t in enumerate(texts)]
+    assert [o[0].token_ids for o in on.generate(reqs, SAMPLING)] == [o[0].token_ids for o in off.generate(reqs, SAMPLING)]
+
+
 def test_option_is_validated():
     from sara.backends.hf import HFBackendConfig
     from sara.backends.hf_shared import SharedPrefixes

@@ -17,7 +17,7 @@ from sara.algos import grpo_advantages  # noqa: E402
 from sara.config import ConfigError  # noqa: E402
 from sara.envs.task_env import TaskEnv  # noqa: E402
 from sara.integrations.trl_async import SaraRolloutWorker, WeightsVersionError  # noqa: E402
-from sara.testing import ScriptedBackend  # noqa: E402
+from sara.testing import ScriptedBackend, StreamingScriptedBackend  # noqa: E402
 from sara.testing.scripted import prompt_text  # noqa: E402
 
 TASK = "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=60,eval_size=10"
@@ -186,3 +186,39 @@ def test_any_registered_allocator_and_sampler(spec):
     assert len({s.group_id for s in samples}) >= 3
     if spec == "uniform":  # uniform keeps saturated groups: exactly-zero GRPO advantage there
         assert all(worker_size == 4 for worker_size in w.pushed_groups.values())
+
+
+class StreamingHalfRight(StreamingScriptedBackend):
+    answer = HalfRight.answer
+
+
+def test_the_worker_streams_with_carry_over_and_tags_each_group_with_its_oldest_weights():
+    """Streaming driver inside the worker: samples flow, open prompts and running rollouts are carried between steps
+    across a weight update (carried groups are tagged with the older version), and ``stop`` aborts what is left on the
+    engine."""
+    backend = StreamingHalfRight(slots=16)
+    env = TaskEnv(TASK, backend, scorer_mode="inline")
+    w = SaraRolloutWorker(env, "sara", k=4, target_groups=3, seed=1,
+                          driver={"barrier": False, "carry_lag": 1})
+    w.start()
+    try:
+        first = drain(w, 12)
+        transfer = w.weight_transfer()
+        transfer.pause()
+        transfer.send_weights(iter([]))
+        transfer.resume()
+        w.update_model_version(1)
+        later = drain(w, 60)
+    finally:
+        w.stop()
+    assert {s.model_version for s in first} == {0}
+    assert {s.model_version for s in later} >= {1} and min(s.model_version for s in later) == 0  # carried groups
+    metrics = drain_metrics(w)
+    assert any(m["sara/rollouts_total"] > 0 for m in metrics)
+    assert backend.inflight() == 0 and w._carry is None  # nothing left running after stop
+    env.close()
+
+
+def test_streaming_needs_a_streaming_environment():
+    with pytest.raises(ConfigError, match="field 'driver'.*cannot stream"):
+        SaraRolloutWorker(TaskEnv(TASK, HalfRight(), scorer_mode="inline"), "sara", driver={"barrier": False})

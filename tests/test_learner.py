@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -123,7 +124,7 @@ def test_stale_rollouts_take_the_generators_logprobs_as_old_logprobs():
     gs = groups()
     old = [dataclasses.replace(r, policy_version=4 if j else 3) for j, r in enumerate(gs[0].rollouts)]
     gs[0] = dataclasses.replace(gs[0], rollouts=tuple(old))
-    learner = Learner(TinyPolicy(SMALL), make_algo("grpo"), OptimConfig(lr=1e-3), seed=0)
+    learner = Learner(TinyPolicy(SMALL), make_algo("grpo"), OptimConfig(lr=1e-3, epochs=2), seed=0)  # recomputed
     assert make_batch(gs).stale is None and make_batch(groups(), version=4).stale is None
     b = learner.make_batch(gs, version=4)
     assert b.stale.tolist() == [True] + [False] * 7  # only the rollout of step 3
@@ -134,3 +135,44 @@ def test_stale_rollouts_take_the_generators_logprobs_as_old_logprobs():
     assert torch.allclose(old_lp[1:], fresh[1:]) and not torch.allclose(old_lp[0] * m[0], fresh[0] * m[0])
     assert extra["metrics"]["algo/stale_fraction"] == pytest.approx(1 / 8)
     assert b.rows(torch.tensor([0, 2])).stale.tolist() == [True, False]
+
+
+class LossSpy:
+    """An ``AlgoSpec`` stand-in that records what ``compute_loss`` is given."""
+
+    def __init__(self, spec):
+        self.spec, self.inputs = spec, []
+
+    def __getattr__(self, name):
+        return getattr(self.spec, name)
+
+    def compute_loss(self, inputs, denominators=None):
+        self.inputs.append(inputs)
+        return self.spec.compute_loss(inputs, denominators)
+
+
+def test_one_pass_takes_old_logprobs_from_its_own_forward_and_stale_ones_from_the_generator():
+    # One epoch, one mini-batch: no rollout-time forward; the loss sees the update forward's log-probs, detached, as
+    # old log-probs (ratio 1) on fresh rows and the generator's on the stale row.
+    import dataclasses
+
+    gs = groups()
+    gs[0] = dataclasses.replace(gs[0], rollouts=tuple(dataclasses.replace(r, policy_version=3 if j == 0
+                                                                                        else 4)
+                                                      for j, r in enumerate(gs[0].rollouts)))
+    pol = CountingPolicy(SMALL)
+    learner = Learner(pol, make_algo("grpo"), OptimConfig(lr=1e-3), seed=0)
+    learner.algo = spy = LossSpy(learner.algo)
+    b = learner.make_batch(gs, version=4)
+    adv, ret, extra = learner.advantages(b)
+    assert pol.calls == [] and extra["old_logprobs"] is None  # no forward before the update
+    metrics = learner.update(b, adv, ret, extra, step=4)
+    assert len(pol.calls) == 1 and metrics["algo/optimizer_steps"] == 1.0
+    whole = spy.inputs[-1]  # the metrics pass over the whole mini-batch (rows in shuffled order)
+    order = np.random.default_rng([0, 4, 0, 0x5EED]).permutation(8)
+    stale = torch.as_tensor(order == 0)
+    m = b.response_mask[order]
+    assert torch.equal(whole.old_logprobs[stale] * m[stale], b.gen_logprobs[order][stale] * m[stale])
+    assert torch.equal(whole.old_logprobs[~stale], whole.logprobs[~stale])
+    assert spy.inputs[0].logprobs.requires_grad and not spy.inputs[0].old_logprobs.requires_grad
+    assert "algo/gen_logprob_gap" in metrics and metrics["algo/ratio_max"] >= 1.0

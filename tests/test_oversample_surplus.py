@@ -109,3 +109,31 @@ def test_commit_paths_without_history_guesses_half() -> None:
     from sara.allocators.admission import CommitPaths
 
     assert CommitPaths().fresh() == 0.5
+
+
+def test_a_ds_generation_batch_holds_at_most_max_oversample_prompts_per_group_needed() -> None:
+    """DS sizes its next batch from the step's effective share so far; after a first batch of 32 groups with no
+    effective one that estimate is 0.5 / 33, floored only at 1/64 it asked for 64x the groups needed at once, and the
+    trainer's bank trained their surplus as one batch. ``max_oversample`` floors the estimate at its inverse."""
+    a = make_allocator("ds", k=K)
+    assert a.config.max_oversample == 64.0  # the floor DS always had
+    for cap in (8.0, 64.0):
+        a = make_allocator(f"ds:max_oversample={cap}", k=K)
+        a.begin_step(TARGET)
+        first = a.admit(np.arange(a.wants_prompts(10**6)))
+        assert len(first) == TARGET  # nothing known yet: one batch of what is needed
+        ids = a.dispatch(10**6)
+        a.finished(ids, np.zeros(len(ids)))  # every group saturated: discarded
+        assert a.wants_prompts(10**6) == min(int(cap) * TARGET, a.max_units() - TARGET)  # max_gen_batches caps 64x
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ds_steps_commit_a_bounded_surplus(seed: int) -> None:
+    # u-shaped success rates (most groups saturated), 8 groups a step: floored at 1/64 the estimate committed up to
+    # 5.5x the target in a step (seeds 0 and 1); at 1/8 at most 2.1x.
+    env = SimulatedEnv("u-shaped", size=5000, seed=seed)
+    sampler = UniformSampler(len(env.prompts), seed=seed)
+    ds = make_allocator("ds:max_oversample=8", k=K)
+    ratios = [collect(ds, env, sampler, target_groups=8, seed=seed, step=t).stats.committed_groups / 8
+              for t in range(STEPS)]
+    assert max(ratios) <= 3.0, ratios

@@ -77,7 +77,7 @@ def _cfg(tmp_path, **overrides):
                           "groups_per_step": 3, "steps": 4, "eval": {"num_prompts": 2, "samples": 1, "greedy": False},
                           "policy_options": {"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 15}},
                           "threads": 1, "progress": False, "tensorboard": False, "out_dir": str(tmp_path),
-                          "allocator": "ds", **overrides})
+                          "allocator": "ds:max_oversample=64", **overrides})  # a surplus to bank
 
 
 def _steps(trainer, n):

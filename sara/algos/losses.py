@@ -4,17 +4,8 @@ All tensors are ``[N, T]`` (N sequences, T response positions) with ``response_m
 Every loss returns ``(scalar loss, metrics)`` where ``metrics`` maps ``"algo/..."`` keys to Python floats (detached),
 ready for the trainer's flat metrics dict.
 
-Aggregation modes (``agg_loss``):
-
-- ``"token-mean"``: sum over all valid tokens / number of valid tokens (DAPO; every token weighs the same).
-- ``"seq-mean-token-mean"``: per-sequence mean over its valid tokens, then mean over sequences (original GRPO).
-- ``"seq-mean-token-sum"``: per-sequence sum over its valid tokens, then mean over sequences.
-- ``"seq-mean-token-sum-norm"``: per-sequence sum / a constant length (``norm_len``, default ``T``), then mean over
-  sequences (Dr.GRPO's paper; verl's version of this mode sums over sequences instead of averaging them, which makes
-  the scale grow with the batch size).
-
-Sequences with no valid token are not counted in the seq-mean modes. ``denominator=`` overrides the count (tokens or
-sequences) so that gradient accumulation over micro-batches can divide by the whole mini-batch's count.
+Aggregation (``agg_loss``, the modes of ``LOSS_AGG_MODES``, the denominators of gradient accumulation:
+``loss_denominators``) lives in ``sara.algos.aggregate`` and is re-exported here.
 
 Dead groups (TRL #6367): a group whose advantages are all exactly 0 (saturated under GRPO/RLOO) contributes nothing to
 the policy-gradient numerator but still counts in the denominator, so the effective step size shrinks with the
@@ -29,11 +20,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sara.algos.tensors import group_index, masked_mean
+from sara.algos.aggregate import (
+    LOSS_AGG_MODES,
+    LossDenominators,
+    active_mask,
+    agg_loss,
+    loss_denominator,
+    loss_denominators,
+)
+from sara.algos.tensors import masked_mean
 
 __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "LossDenominators",
     "LossInputs",
     "active_mask",
     "agg_loss",
@@ -41,84 +41,14 @@ __all__ = [
     "kl_loss",
     "kl_penalty",
     "loss_denominator",
+    "loss_denominators",
     "policy_loss",
     "rl_loss",
     "value_loss",
 ]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 _LOG_RATIO_CLAMP = 20.0
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {', '.join(LOSS_AGG_MODES)}")
-
-
-def loss_denominator(mask: Tensor, mode: str) -> float:
-    """What ``agg_loss`` divides by for ``mask``: valid tokens (token-mean) or sequences with a valid token."""
-    _check_mode(mode)
-    m = mask.to(torch.bool)
-    if mode == "token-mean":
-        return float(m.sum())
-    return float(m.any(dim=-1).sum())
-
-
-def agg_loss(
-    loss_mat: Tensor,
-    mask: Tensor,
-    mode: str = "token-mean",
-    *,
-    norm_len: float | None = None,
-    denominator: float | None = None,
-) -> Tensor:
-    """Aggregate a per-token loss ``[N, T]`` to a scalar (see the module docstring for the modes).
-
-    Args:
-        loss_mat: ``[N, T]``. mask: ``[N, T]`` bool or 0/1.
-        mode: one of ``LOSS_AGG_MODES``.
-        norm_len: the constant length of ``"seq-mean-token-sum-norm"`` (default ``T``).
-        denominator: overrides the token / sequence count (for gradient accumulation); ``None`` uses this batch's.
-
-    Returns:
-        A scalar tensor; 0 (with a gradient path) when nothing is valid.
-    """
-    _check_mode(mode)
-    m = mask.to(loss_mat.dtype)
-    seq_tokens = m.sum(dim=-1)
-    count = denominator if denominator is not None else loss_denominator(mask, mode)
-    count = max(count, 1.0)
-    if mode == "token-mean":
-        return (loss_mat * m).sum() / count
-    seq_sum = (loss_mat * m).sum(dim=-1)
-    if mode == "seq-mean-token-mean":
-        seq_loss = seq_sum / seq_tokens.clamp_min(1)
-    elif mode == "seq-mean-token-sum":
-        seq_loss = seq_sum
-    else:
-        seq_loss = seq_sum / float(norm_len if norm_len is not None else loss_mat.shape[-1])
-    return seq_loss.sum() / count  # rows without valid tokens contribute 0 and are not counted
-
-
-def active_mask(advantages: Tensor, response_mask: Tensor, group_ids: Tensor | None = None) -> Tensor:
-    """``response_mask`` restricted to sequences whose group has some non-zero advantage.
-
-    Args:
-        advantages: ``[N, T]``. response_mask: ``[N, T]``.
-        group_ids: ``[N]``; if ``None`` each sequence is judged on its own.
-
-    Returns:
-        bool ``[N, T]``: valid tokens of live groups (a mixed group with one exactly-zero member stays whole).
-    """
-    valid = response_mask.to(torch.bool)
-    seq_live = ((advantages != 0) & valid).any(dim=-1)
-    if group_ids is not None:
-        inverse, counts = group_index(group_ids)
-        live = torch.zeros(counts.numel(), dtype=torch.long, device=advantages.device)
-        live = live.index_add(0, inverse, seq_live.long())
-        seq_live = (live > 0)[inverse]
-    return valid & seq_live[:, None]
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
@@ -340,11 +270,14 @@ def rl_loss(
     critic: bool = False,
     vf_coef: float = 0.5,
     value_clip: float | None = 0.5,
+    denominators: LossDenominators | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The whole objective: ``pg + β·KL − c_H·H + c_V·value loss`` (terms with a zero coefficient are skipped).
 
     Args:
         inputs: the minibatch (see ``LossInputs``).
+        denominators: the whole mini-batch's counts when ``inputs`` is one micro-batch of it (``loss_denominators``);
+            None = this batch's own.
         kl_loss_coef: β of the KL-in-loss term (needs ``inputs.ref_logprobs`` when > 0).
         critic: include the value loss (needs ``values``, ``old_values``, ``returns``).
         others: see ``policy_loss`` and ``value_loss``.
@@ -365,19 +298,22 @@ def rl_loss(
         norm_len=norm_len,
         drop_zero_adv=drop_zero_adv,
         group_ids=inputs.group_ids,
+        denominator=None if denominators is None else denominators.policy,
     )
+    other = None if denominators is None else denominators.other
     if kl_loss_coef > 0 and inputs.ref_logprobs is None:
         raise ValueError("KL in the loss needs LossInputs.ref_logprobs (log-probs of the reference policy)")
     if inputs.ref_logprobs is not None:  # reported whenever available (KL-in-reward specs too)
         kl, m = kl_loss(
             inputs.logprobs, inputs.ref_logprobs, inputs.response_mask, estimator=kl_estimator, agg_mode=agg_mode,
-            norm_len=norm_len,
+            norm_len=norm_len, denominator=other,
         )  # fmt: skip
         if kl_loss_coef > 0:
             loss = loss + kl_loss_coef * kl
         metrics.update(m)
     if inputs.entropy is not None:
-        ent, m = entropy_bonus(inputs.entropy, inputs.response_mask, agg_mode=agg_mode, norm_len=norm_len)
+        ent, m = entropy_bonus(inputs.entropy, inputs.response_mask, agg_mode=agg_mode, norm_len=norm_len,
+                               denominator=other)
         metrics.update(m)
         if entropy_coef > 0:
             loss = loss - entropy_coef * ent
@@ -389,7 +325,7 @@ def rl_loss(
             raise ValueError(f"the value loss needs LossInputs.{', '.join(missing)}")
         vf, m = value_loss(
             inputs.values, inputs.old_values, inputs.returns, inputs.response_mask,  # type: ignore[arg-type]
-            clip_range=value_clip, agg_mode=agg_mode, norm_len=norm_len,
+            clip_range=value_clip, agg_mode=agg_mode, norm_len=norm_len, denominator=other,
         )  # fmt: skip
         loss = loss + vf_coef * vf
         metrics.update(m)

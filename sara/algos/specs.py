@@ -36,7 +36,8 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor
 
 from sara.algos.advantages import ADVANTAGES, AdvantageInputs, build_token_rewards
-from sara.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES, LossInputs, kl_penalty, rl_loss
+from sara.algos.aggregate import LOSS_AGG_MODES, LossDenominators, loss_denominators
+from sara.algos.losses import KL_ESTIMATORS, LossInputs, kl_penalty, rl_loss
 from sara.algos.options import errors_text, none_strings
 from sara.config import ConfigError, SaraModel, parse_spec
 from sara.registry import Registry, instance_of
@@ -219,8 +220,15 @@ class AlgoSpec(SaraModel):
             )
         return adv.detach(), (returns.detach() if returns is not None else None)
 
-    def compute_loss(self, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
-        """The scalar loss to minimise and ``algo/...`` metrics (see ``sara.algos.losses.rl_loss``)."""
+    def loss_denominators(self, advantages: Tensor, response_mask: Tensor, group_ids: Tensor | None = None
+                          ) -> LossDenominators:
+        """What this spec's loss divides by on a mini-batch ``[N, T]`` (``sara.algos.aggregate.loss_denominators``)."""
+        return loss_denominators(advantages, response_mask, self.loss_agg_mode, drop_zero_adv=self.drop_zero_adv_groups,
+                                 group_ids=group_ids)
+
+    def compute_loss(self, inputs: LossInputs, denominators: LossDenominators | None = None
+                     ) -> tuple[Tensor, dict[str, float]]:
+        """The scalar loss and ``algo/...`` metrics (``rl_loss``); ``denominators``: the mini-batch's, for a micro-batch."""
         return rl_loss(
             inputs,
             clip_ratio_low=self.clip_ratio_low,
@@ -235,6 +243,7 @@ class AlgoSpec(SaraModel):
             critic=self.needs_critic,
             vf_coef=self.vf_coef,
             value_clip=self.value_clip,
+            denominators=denominators,
         )
 
     def replace(self, **overrides: Any) -> AlgoSpec:

@@ -84,6 +84,11 @@ class DynamicSamplingConfig(AllocatorConfig):
     """Effective-group fraction used to size a batch when gen_batch_prompts is None: a batch is
     ceil(groups still needed / expected_effective) prompts. None = estimate it from this step's finished groups (the
     first batch is exactly the number of groups needed, DAPO's refill loop)."""
+    max_oversample: float = Field(64.0, ge=1.0, le=64.0)
+    """Most prompts a generation batch holds per group still needed (streaming: groups kept in flight), when sized
+    from the effective-fraction estimate: the estimate is floored at 1 / this. A noisy early estimate (no effective
+    group among the first few) would otherwise size a batch at up to 64x what is needed, and its surplus becomes the
+    next step's batch (``sara.train.bank``; docs/training.md has the measurement behind the default)."""
     max_gen_batches: int = Field(64, ge=1)
     """A step draws at most this many generation batches' worth of prompts (a batch: ``gen_batch_prompts``, else the
     step's target + lookahead), then returns what it has (status 'allocator_done'): DAPO's cap on generation batches,
@@ -99,18 +104,19 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
 
     def effective_fraction(self) -> float:
         """``expected_effective``, or the step's committed share of finished groups so far, smoothed as
-        ``(committed + 0.5) / (finished + 1)`` (1.0 before any)."""
-        if self.config.expected_effective is not None:
-            return self.config.expected_effective
-        st = self.units.status
-        done = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.DISCARDED)).sum())
-        return (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
+        ``(committed + 0.5) / (finished + 1)`` (1.0 before any), at least ``1 / max_oversample``."""
+        share = self.config.expected_effective
+        if share is None:
+            st = self.units.status
+            done = int(((st == UnitStatus.COMMITTED) | (st == UnitStatus.DISCARDED)).sum())
+            share = (int((st == UnitStatus.COMMITTED).sum()) + 0.5) / (done + 1.0) if done else 1.0
+        return max(share, 1.0 / self.config.max_oversample)
 
     def groups_wanted(self) -> int:
         """``gen_batch_prompts`` when set, else ``ceil(groups still needed / effective fraction)``."""
         if self.config.gen_batch_prompts is not None:
             return self.config.gen_batch_prompts
-        return max(1, math.ceil(self.needed() / max(self.effective_fraction(), 1.0 / 64)))
+        return max(1, math.ceil(self.needed() / self.effective_fraction()))
 
     def max_units(self) -> int:
         batch = self.config.gen_batch_prompts or max(self.target_groups + self.lookahead, 1)

@@ -1,4 +1,4 @@
-"""``sara bench generation``, ``sara bench stream`` and ``sara bench ray``: benchmarks on generation engines."""
+"""``sara bench generation``, ``stream``, ``ray`` and ``learner``: benchmarks on generation engines and the learner."""
 
 from __future__ import annotations
 
@@ -90,6 +90,23 @@ def register(bsub: Any) -> None:
     st.set_defaults(func=_ray_stream)
     ray.set_defaults(func=lambda args: ray.print_help() or 2)
 
+    lb = bsub.add_parser("learner", help="update seconds per rollout of the shipped learner vs the naive path (full "
+                         "float32 forwards + a second forward for old log-probs), and FLOP/s vs the measured matmul rate",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    lb.add_argument("--model", default="smollm2", help="prepared model name or local HF model directory")
+    lb.add_argument("--task", default=None, help="task spec (default: 3-shot 1-digit sums)")
+    lb.add_argument("--groups", type=int, default=8, help="prompts in the batch")
+    lb.add_argument("--k", type=int, default=8, help="completions per prompt")
+    lb.add_argument("--max-new-tokens", type=int, default=6, help="generation cap")
+    lb.add_argument("--reps", type=int, default=3, help="timed updates per path (interleaved)")
+    lb.add_argument("--compute-dtype", default="bfloat16", help="the shipped path's compute dtype (auto | float32 | "
+                    "bfloat16)")
+    lb.add_argument("--microbatch-tokens", type=int, default=2048, help="the shipped path's micro-batch budget")
+    lb.add_argument("--algo", default="grpo", help="algorithm spec")
+    lb.add_argument("--seed", type=int, default=0, help="seed of the task's prompts and the sampled completions")
+    lb.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    lb.set_defaults(func=_learner)
+
 
 def _generation(args: argparse.Namespace) -> int:
     from sara.bench.generation import (
@@ -166,3 +183,17 @@ def _ray_stream(args: argparse.Namespace) -> int:
     write_report(report, args.json_out)
     return 0
 
+
+
+def _learner(args: argparse.Namespace) -> int:
+    from sara.bench.learner import LearnerBenchConfig, format_table, run_learner_bench
+
+    opts = dict(model=args.model, groups=args.groups, k=args.k, max_new_tokens=args.max_new_tokens, reps=args.reps,
+                compute_dtype=args.compute_dtype, microbatch_tokens=args.microbatch_tokens, algo=args.algo,
+                seed=args.seed)
+    cfg = validate_config(LearnerBenchConfig, {**opts, **({"task": args.task} if args.task else {})},
+                          what="bench learner")
+    report = run_learner_bench(cfg, log=lambda line: print(f"[bench learner] {line}", file=sys.stderr, flush=True))
+    print(format_table(report))
+    write_report(report, args.json_out)
+    return 0

@@ -6,16 +6,20 @@ reshapes by group size, so the variable-size groups SARA commits fit as they are
 TRL's ``RolloutWorkerProtocol``:
 
 - a background thread runs the driver (``sara.driver.collect``: allocator + prompt sampler + ``RolloutEnv``, e.g. a
-  ``TaskEnv`` on an HF or tiny backend) step after step, in synchronous rounds; every committed group gets advantages from ``sara.algos.ADVANTAGES`` by group id
+  ``TaskEnv`` on an HF or tiny backend) step after step, in synchronous rounds or, with ``driver={"barrier": False,
+  ...}`` on a streaming backend, rollout by rollout (continuous batching; ``carry_lag`` hands open prompts and their
+  running rollouts to the next step); every committed group gets advantages from ``sara.algos.ADVANTAGES`` by group id
   (GRPO by default: exactly 0 for singletons and saturated groups) and its rollouts go to ``rollout_buffer``;
 - per step it puts SARA's accounting on ``metrics_queue`` (``sara/...`` keys), which the trainer merges into its logs;
 - ``update_model_version`` is checked like the Ray pool's weight versions: the worker's backend must hold exactly the
-  version the trainer announces, and every sample is tagged with the oldest weights version that generated any round
-  of its step (so TRL's ``max_staleness`` drop is conservative).
+  version the trainer announces, and every sample is tagged with the oldest weights version that generated any part
+  of its group (a rollout's ``policy_version``: carried rollouts are older), so TRL's ``max_staleness`` drop is
+  conservative.
 
-``worker.weight_transfer()`` is the matching ``WeightTransferProtocol``: ``pause`` waits for the round in flight,
-``send_weights`` loads the trainer's parameters into the backend (``backend.update_weights(state, version)``) and
-``resume`` lets the next round start. TRL's own vLLM-server path (NCCL weight transfer to ``trl vllm-serve``) is not
+``worker.weight_transfer()`` is the matching ``WeightTransferProtocol``: ``pause`` waits for the round (or the
+streaming poll) in flight, ``send_weights`` loads the trainer's parameters into the backend
+(``backend.update_weights(state, version)``) and ``resume`` lets generation go on; a streaming engine keeps its
+running rollouts through the update (their later tokens come from the new weights). TRL's own vLLM-server path (NCCL weight transfer to ``trl vllm-serve``) is not
 used: it needs CUDA, and this integration is tested on CPU.
 """
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,8 +37,8 @@ import torch
 from sara.algos import ADVANTAGES, AdvantageInputs
 from sara.allocators import BudgetAllocator, make_allocator
 from sara.config import ConfigError, validate_config
-from sara.driver import collect
-from sara.envs.base import EnvWrapper, Versioned
+from sara.driver import DriverConfig, collect, release_carry
+from sara.envs.base import EnvWrapper, StreamingEnv, Versioned
 from sara.metrics import OutcomeCounts
 from sara.samplers import make_sampler
 from sara.types import CollectResult, Group, Rollout, RolloutRequest
@@ -55,8 +59,9 @@ def _messages(x: Any, role: str) -> list[dict[str, str]]:
 
 
 def rollout_samples(groups: Sequence[Group], advantages: np.ndarray, group_ids: Sequence[int], *,
-                    model_version: int) -> list[Any]:
-    """TRL ``RolloutSample`` s for committed groups (one per rollout with generated tokens).
+                    model_versions: Sequence[int]) -> list[Any]:
+    """TRL ``RolloutSample`` s for committed groups (one per rollout with generated tokens); ``model_versions[i]`` is
+    the oldest weights version that generated any rollout of ``groups[i]``.
 
     ``input_ids`` = prompt tokens + completion tokens; ``completion_mask`` and ``old_log_probs`` are aligned with it
     (0 over the prompt, the generator's log-probs over the completion). ``advantages`` is flat over the groups'
@@ -66,12 +71,12 @@ def rollout_samples(groups: Sequence[Group], advantages: np.ndarray, group_ids: 
 
     out: list[Any] = []
     j = 0
-    for group, gid in zip(groups, group_ids):
+    for group, gid, version in zip(groups, group_ids, model_versions, strict=True):
         rewards = group.rewards
         for r in group.rollouts:
             adv = float(advantages[j])
             j += 1
-            out.extend(_sample(RolloutSample, group, r, adv, int(gid), model_version, float(rewards.std())))
+            out.extend(_sample(RolloutSample, group, r, adv, int(gid), int(version), float(rewards.std())))
     return out
 
 
@@ -90,13 +95,14 @@ def _sample(cls: Any, group: Group, r: Rollout, adv: float, gid: int, version: i
 
 
 class _VersionedEnv(EnvWrapper):
-    """The worker's view of its env: one round at a time under the weights lock, versions recorded per round."""
+    """The worker's view of its env: every engine call (a round, a streaming submit / poll) under the weights lock,
+    after checking the backend holds the announced version."""
 
     def __init__(self, worker: SaraRolloutWorker) -> None:
         super().__init__(worker.env)
         self.worker = worker
 
-    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+    def _locked(self, call: Any, *args: Any) -> Any:
         w = self.worker
         with w._weights_lock:
             if w._stop.is_set():
@@ -105,10 +111,18 @@ class _VersionedEnv(EnvWrapper):
             if version < w.model_version:
                 raise WeightsVersionError(f"SaraRolloutWorker: the trainer announced weights version {w.model_version} "
                                           f"but the backend holds version {version}")
-            w._step_versions.append(version)
-            out = w.env.rollout(requests)
+            out = call(*args)
         w._heartbeat = time.monotonic()
         return out
+
+    def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
+        return self._locked(self.env.rollout, requests)
+
+    def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
+        self._locked(self.env.submit, items)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Rollout]]:
+        return self._locked(self.env.poll, timeout)
 
 
 class SaraRolloutWorker:
@@ -122,6 +136,8 @@ class SaraRolloutWorker:
         k: Group size of the allocator.
         sampler: Prompt sampler spec (``"uniform"``, ``"predictive:decay=0.95"``, ...) or instance.
         target_groups: Committed groups per ``collect`` step (one step = one push of samples and metrics).
+        driver: ``sara.driver.DriverConfig`` (or a mapping of its fields): synchronous rounds (default) or streaming
+            (``{"barrier": False, "carry_lag": 1, ...}``, on a streaming backend).
         advantage: An outcome-level estimator spec of ``sara.algos.ADVANTAGES`` (``grpo``, ``dr_grpo``, ``rloo``,
             ``grpo:eps=1e-4``): TRL's samples carry one scalar advantage each.
         seed: Base seed of the rollouts and the sampler.
@@ -134,8 +150,14 @@ class SaraRolloutWorker:
 
     def __init__(self, env: Any, allocator: str | BudgetAllocator = "sara_paper:completion=as_is", *,
                  k: int = 8, sampler: Any = "uniform", target_groups: int = 8, advantage: str = "grpo",
-                 seed: int = 0, max_rollouts: int | None = None, queue_maxsize: int = 1024) -> None:
+                 seed: int = 0, max_rollouts: int | None = None, queue_maxsize: int = 1024,
+                 driver: DriverConfig | Mapping[str, Any] | None = None) -> None:
         self.env = env
+        self.driver = driver if isinstance(driver, DriverConfig) else validate_config(
+            DriverConfig, dict(driver or {}), what="SaraRolloutWorker: driver")
+        if not self.driver.barrier and not isinstance(env, StreamingEnv):
+            raise ConfigError(f"SaraRolloutWorker: field 'driver': streaming needs a streaming environment and "
+                              f"{type(env).__name__} cannot stream; use driver=None (synchronous rounds)")
         self.allocator = make_allocator(allocator, k=k)
         self.k = int(self.allocator.k)
         self.sampler = make_sampler(sampler, len(env.prompts), seed=seed, k=self.k)
@@ -162,7 +184,7 @@ class SaraRolloutWorker:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._heartbeat = time.monotonic()
-        self._step_versions: list[int] = []
+        self._carry: Any = None  # streaming with carry-over: what the last step handed on
 
     # -------------------------------------------------------------------------------------------- weights
     @property
@@ -202,11 +224,15 @@ class SaraRolloutWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the round in flight; the worker can be started again."""
+        """Stop after the round (or poll) in flight; rollouts carried for the next step are aborted. The worker can be
+        started again."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=600)
         self._thread = None
+        if self._carry is not None:
+            release_carry(self.env, self._carry)
+            self._carry = None
 
     def check_health(self, stale_after_s: float) -> None:
         """Raise if the worker thread failed, or produced nothing for ``stale_after_s`` seconds."""
@@ -222,10 +248,11 @@ class SaraRolloutWorker:
         env = _VersionedEnv(self)
         try:
             while not self._stop.is_set():
-                self._step_versions = []
                 result = collect(self.allocator, env, self.sampler, target_groups=self.target_groups,
-                                 max_rollouts=self.max_rollouts, seed=self.seed)
-                self._publish(result, min(self._step_versions, default=self.backend_version))
+                                 max_rollouts=self.max_rollouts, seed=self.seed, driver=self.driver, carry=self._carry,
+                                 policy_version=self.backend_version)
+                self._carry = result.carry
+                self._publish(result)
         except _Stopped:
             pass
         except BaseException as exc:  # reported through check_health, raised in the trainer
@@ -242,12 +269,14 @@ class SaraRolloutWorker:
                                               response_mask=torch.ones(len(rewards), 1)), **self._adv_params)
         return adv[:, 0].numpy()
 
-    def _publish(self, result: CollectResult, version: int) -> None:
+    def _publish(self, result: CollectResult) -> None:
         groups = list(result.groups)
         gids = list(range(self._next_gid, self._next_gid + len(groups)))
         self._next_gid += len(groups)
-        samples = rollout_samples(groups, self.advantages(groups), gids, model_version=version)
-        self.metrics_queue.put(self.step_metrics(result, version))
+        versions = [min((r.policy_version for r in g.rollouts if r.policy_version is not None),
+                        default=self.backend_version) for g in groups]
+        samples = rollout_samples(groups, self.advantages(groups), gids, model_versions=versions)
+        self.metrics_queue.put(self.step_metrics(result, min(versions, default=self.backend_version)))
         for gid, g in zip(gids, groups):
             self.pushed_groups[gid] = g.size
         for s in samples:

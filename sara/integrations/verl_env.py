@@ -173,10 +173,11 @@ class VerlRolloutEnv:
         items, tags = [], []
         for req in requests:
             ts = []
-            for s in req.seeds:
+            for i, s in enumerate(req.seeds):
                 self._round_tags -= 1  # negative: never a driver's streaming tag
                 items.append((self._round_tags, RolloutRequest(unit_id=req.unit_id, pool_index=req.pool_index,
-                                                               prompt=req.prompt, seeds=(s,), prefix=req.prefix)))
+                                                               prompt=req.prompt, seeds=(s,), prefix=req.prefix,
+                                                               index=req.index + i)))
                 ts.append(self._round_tags)
             tags.append(ts)
         self.submit(items)

@@ -3,6 +3,10 @@
 Kept small on purpose: the trainer needs ONE forward pass per mini-batch that returns log-probs of given tokens (for
 ratios and KL), the entropy only when the loss uses it, and values only when the policy has a value head (PPO); plus
 parameters for the optimizer and weights to send to the generator.
+
+An optional capability, ``PrefixScorer`` (checked with ``isinstance``): score only chosen positions (the response
+tokens), with the leading tokens that all rows share forwarded once (``HFPolicy``). The learner uses it when the policy
+has it and falls back to ``score`` plus a gather otherwise (the tiny policy, whose prompts are a few characters).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Policy", "PolicyOutput", "ScoreViews", "TokenBatch"]
+__all__ = ["Policy", "PolicyOutput", "PrefixScorer", "ScoreViews", "TokenBatch"]
 
 
 @dataclass
@@ -60,6 +64,32 @@ class Policy(Protocol):
         ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Any:
+        ...
+
+
+@runtime_checkable
+class PrefixScorer(Protocol):
+    """A policy that scores chosen positions of rows sharing their first tokens, forwarding those tokens once.
+
+    ``score_at(batch, at, prefix_len=P)`` equals ``score(batch)`` gathered at ``at`` (to float rounding) on every
+    position whose ``batch.response_mask`` is 1; it runs the ``P`` leading tokens every row shares (a task's few-shot
+    examples, a chat header) once, with gradient, broadcasts their keys / values to the rows, and computes the
+    vocabulary projection only at the scored positions.
+    """
+
+    def score_at(self, batch: TokenBatch, at: Any, *, prefix_len: int = 0, with_entropy: bool = False,
+                 with_values: bool = False) -> PolicyOutput:
+        """One forward pass, every output ``[B, R]`` at the positions ``at [B, R]`` of ``batch.input_ids [B, T]``.
+
+        Args:
+            batch: Right-padded rows; ``response_mask [B, T]`` says which positions count (outputs elsewhere may be
+                0).
+            at: Positions to score (``>= 1``); ``logprobs[i, j]`` is log p(input_ids[i, at[i, j]] | the tokens before).
+            prefix_len: Every row starts with the same ``prefix_len`` tokens and every counted position of ``at`` is
+                greater than ``prefix_len`` (its predecessor lies after the prefix). 0 = nothing shared. The policy may
+                share fewer tokens (the result is the same).
+            with_entropy, with_values: As in ``Policy.score``.
+        """
         ...
 
 

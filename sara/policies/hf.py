@@ -1,7 +1,10 @@
 """``HFPolicy``: the ``Policy`` protocol for any transformers ``AutoModelForCausalLM`` (SmolLM2, Qwen, Llama, ...).
 
 The trainer gets token log-probs (and entropies) of given sequences, an optional value head (PPO), parameters for the
-optimizer, and a state dict to push to the generator. ``state_dict()`` holds the causal LM's own keys (what a
+optimizer, and a state dict to push to the generator. ``score_at`` is the learner's fast forward
+(``sara.policies.base.PrefixScorer``): the prompt prefix every row shares is forwarded once and its keys / values
+broadcast to the rows (``sara.policies.prefix``), and the vocabulary projection runs only at the scored (response)
+positions; ``compute_dtype`` runs the matmuls in bfloat16 under autocast over float32 weights. ``state_dict()`` holds the causal LM's own keys (what a
 generator loads: ``HFBackend.update_weights``, ``VLLMBackend.update_weights``) plus ``value_head.*`` entries when
 there is a value head; backends drop the latter.
 
@@ -10,6 +13,7 @@ Shapes: ``B`` sequences, ``T`` positions, ``V`` vocabulary size, ``D`` hidden si
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -21,7 +25,7 @@ from sara.config import SaraModel
 from sara.hub import NON_MODEL_PREFIXES, resolve_hf_model
 from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
 
-__all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
+__all__ = ["HFPolicy", "HFPolicyConfig", "bf16_native", "make_hf_policy"]
 
 
 class HFPolicyConfig(SaraModel):
@@ -37,8 +41,12 @@ class HFPolicyConfig(SaraModel):
     """Add a scalar value head on the last hidden state (PPO / GAE)."""
     temperature: float = Field(1.0, gt=0)
     """Logits are divided by this before the log-softmax (match the sampling temperature if the loss needs it)."""
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Dtype of the forward / backward matmuls. ``bfloat16``: autocast over the ``dtype`` weights (float32 master
+    weights and AdamW state; log-softmax and losses stay float32). ``auto``: bfloat16 where the device multiplies
+    bfloat16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    """Recompute activations in the backward pass (less memory, ~30% slower; no shared-prefix forward)."""
     cache_dir: str | None = None
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
 
@@ -73,6 +81,21 @@ class HFPolicy(ScoreViews):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype the matmuls run in under autocast, or None when they run in the weights' dtype."""
+        want = self.config.compute_dtype
+        if want == "auto":
+            want = "bfloat16" if bf16_native(self.device) else "float32"
+        weights = next(self.model.parameters()).dtype
+        return torch.bfloat16 if want == "bfloat16" and weights != torch.bfloat16 else None
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = self.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
     # ---- Policy protocol ------------------------------------------------------------------------------------
     def _forward(self, batch: TokenBatch, hidden: bool) -> Any:
         return self.model(input_ids=batch.input_ids.to(self.device),
@@ -88,7 +111,8 @@ class HFPolicy(ScoreViews):
         if with_values and self.value_head is None:
             raise RuntimeError("this HFPolicy has no value head (value_head=False)")
         ids = batch.input_ids.to(self.device)
-        out = self._forward(batch, hidden=with_values)
+        with self._autocast():
+            out = self._forward(batch, hidden=with_values)
         logits = out.logits[:, :-1].float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
@@ -103,6 +127,72 @@ class HFPolicy(ScoreViews):
             v = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
             values = torch.cat([zero, v], dim=1)
         return PolicyOutput(torch.cat([zero, lp], dim=1), ent, values)
+
+    def score_at(self, batch: TokenBatch, at: torch.Tensor, *, prefix_len: int = 0, with_entropy: bool = False,
+                 with_values: bool = False) -> PolicyOutput:
+        """``PrefixScorer.score_at``: outputs ``[B, R]`` at positions ``at [B, R]``, the shared prefix forwarded once.
+
+        The ``P = prefix_len`` leading tokens run as one row (with gradient, ``use_cache``); its per-layer keys /
+        values are broadcast to the ``B`` rows (``sara.policies.prefix.broadcast_cache``), which then run their
+        ``T - P`` remaining positions at positions ``P..T-1`` (right padding: a real token never attends to a pad).
+        Hidden states ``[K, D]`` of the ``K`` counted positions' predecessors go through the LM head, so logits are
+        ``[K, V]``, not ``[B, T, V]``. Positions whose ``response_mask`` is 0 get 0.
+        """
+        if with_values and self.value_head is None:
+            raise RuntimeError("this HFPolicy has no value head (value_head=False)")
+        dev = self.device
+        ids, attn, at = batch.input_ids.to(dev), batch.attention_mask.to(dev), at.to(dev)
+        rows, cols = ((batch.response_mask.to(dev).gather(1, at) > 0) & (at > 0)).nonzero(as_tuple=True)
+        pos = at[rows, cols]  # [K] positions scored
+        p = prefix_len if prefix_len > 0 and not self.model.is_gradient_checkpointing else 0
+        if rows.numel() and int(pos.min()) <= p:
+            raise ValueError(f"score_at: prefix_len {p} reaches a scored position ({int(pos.min())}); every scored "
+                             "position must come after the prefix")
+        with self._autocast(), _attention_kernel(ids.shape[0] * (ids.shape[1] - p) * ids.shape[1], dev):
+            hidden = self._hidden(ids, attn, p)  # [B, T - P, D]
+            h = hidden[rows, pos - 1 - p]  # [K, D]: the state before each scored token
+            logits = self.model.get_output_embeddings()(h)
+        logits = self._finish_logits(logits.float())  # [K, V]
+        logz = torch.logsumexp(logits, dim=-1)
+        shape = at.shape
+
+        def place(x: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(shape, dtype=x.dtype, device=dev).index_put((rows, cols), x)
+
+        lp = place(logits.gather(-1, ids[rows, pos][:, None]).squeeze(-1) - logz)
+        ent = values = None
+        if with_entropy:
+            ent = place(logz - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+        if with_values:
+            values = place(self.value_head(h.float()).squeeze(-1))
+        return PolicyOutput(lp, ent, values)
+
+    def _hidden(self, ids: torch.Tensor, attn: torch.Tensor, p: int) -> torch.Tensor:
+        """Final hidden states ``[B, T - p, D]`` of positions ``p..T-1``, the first ``p`` tokens (the same in every
+        row) forwarded once."""
+        decoder = self.model.get_decoder()
+        if p == 0:
+            return decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        from transformers import DynamicCache
+
+        from sara.policies.prefix import broadcast_cache
+
+        b, t = ids.shape
+        pre = decoder(input_ids=ids[:1, :p], past_key_values=DynamicCache(config=self.model.config),
+                      use_cache=True).past_key_values
+        cache = broadcast_cache([(layer.keys, layer.values) for layer in pre.layers], b, self.model.config)
+        positions = torch.arange(p, t, device=ids.device).expand(b, -1)
+        return decoder(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions, past_key_values=cache,
+                       use_cache=True).last_hidden_state
+
+    def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the causal LM does to its head's output (a final soft cap, e.g. Gemma 2), then the temperature."""
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        return logits
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Trainable parameters: the LM's, then the value head's."""
@@ -149,6 +239,31 @@ class HFPolicy(ScoreViews):
         if self.value_head is not None:
             self.value_head.to(*args, **kwargs)
         return self
+
+
+_MATH_ATTENTION_PAIRS = 1 << 22
+"""Query-key pairs per head up to which ``score_at`` runs attention with the plain (math) SDPA kernel on a CPU: on
+short rows its backward is faster than the CPU flash kernel's (measured on SmolLM2-135M, 64 rows of 30 positions,
+bfloat16: fwd + bwd 1.55 s vs 2.2 s, ``docs/training.md``); beyond, the flash kernel's memory wins."""
+
+
+def _attention_kernel(pairs: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The SDPA kernel choice for a forward with ``pairs`` query-key pairs per head (see ``_MATH_ATTENTION_PAIRS``)."""
+    if device.type != "cpu" or pairs > _MATH_ATTENTION_PAIRS:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 natively (CUDA with bf16 support; a CPU with AVX512-BF16 or AMX)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(bool(f()) for f in probes if f is not None)  # private probes: absent in some torch builds
 
 
 def make_hf_policy(options: Mapping[str, Any] | None = None, **_: Any) -> HFPolicy:

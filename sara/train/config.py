@@ -40,6 +40,11 @@ class OptimConfig(SaraModel):
     """Passes over each collected batch (None = the algorithm's suggestion, ``AlgoSpec.epochs``)."""
     minibatch_rollouts: int | None = Field(None, ge=1)
     """Rollouts per optimizer step (None = the whole batch: one optimizer step per epoch)."""
+    microbatch_tokens: int | None = Field(2048, ge=1)
+    """Most positions one forward pass runs (a shared prefix once, then every row's padded rest; see
+    ``sara.train.microbatch``). A mini-batch is split into such micro-batches whose gradients are accumulated before
+    its ONE optimizer step (the same step, loss normalisation included, as one forward), so activation memory stays
+    bounded however many groups a step trains. None = one forward per mini-batch."""
 
 
 class EvalConfig(SaraModel):

@@ -74,6 +74,16 @@ For the warm-started tiny policy many 1- and 2-digit sums are always right, most
 3-digit bands are learnable (docs/tasks.md has the measured fractions). The 1-digit band has only 100 distinct
 problems: keep ``0.08 * (pool_size + eval_size) <= 100``."""
 
+ARITHMETIC_LLM = ("one=sara/Arithmetic-v0(min_digits=1;max_digits=1;ops=+-;shots=3)@0.1"
+                  "|sum=sara/Arithmetic-v0(min_digits=1;max_digits=2;ops=+;shots=3)@0.4"
+                  "|diff=sara/Arithmetic-v0(min_digits=2;max_digits=2;ops=-;shots=3)@0.25"
+                  "|three=sara/Arithmetic-v0(min_digits=3;max_digits=3;ops=+;shots=3)@0.25")
+"""The ``arithmetic-llm`` mixture (the real-LLM learning pool, 3-shot prompts): 1-digit sums and differences, sums
+of 1-2-digit numbers, 2-digit differences and 3-digit sums. SmolLM2-135M-Instruct (bf16, T=1, 8 samples per prompt)
+starts at about 26% / 9% on 1-digit sums / differences, 13% on 1-2-digit sums, 1% on 2-digit differences and 0.4% on
+3-digit sums (docs/tasks.md): about 7% overall, with about 77% of its k=8 groups saturated, most of them unsolved.
+The 1-digit band has 200 distinct problems: keep ``0.1 * (pool_size + eval_size) <= 190``."""
+
 _COMPONENT = re.compile(r"^\s*(?:(?P<label>[A-Za-z0-9_.-]+)\s*=\s*)?(?P<id>[^()@=|\s]+)\s*"
                         r"(?:\((?P<opts>[^()]*)\))?\s*(?:@\s*(?P<weight>[^()@|\s]+))?\s*$")
 _UNKNOWN = re.compile(r"field '(pool_size|eval_size|seed)': unknown option")
@@ -283,3 +293,4 @@ def make_mixture_task(components: str | Sequence[Any] = "arithmetic-bands", **op
 
 
 register_mixture("arithmetic-bands", ARITHMETIC_BANDS)
+register_mixture("arithmetic-llm", ARITHMETIC_LLM)

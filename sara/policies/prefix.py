@@ -1,0 +1,50 @@
+"""Shared-prefix helpers used by the training forward (``HFPolicy.score_at``) and the HF backend's shared-prefix
+prefill (``sara.backends.hf_shared``): the length of the leading tokens a set of sequences shares, and a KV cache of
+one prefix row broadcast to many rows.
+
+A prefix of ``P`` tokens forwarded once gives keys / values ``[1, H, P, D]`` per layer; ``broadcast_cache`` turns them
+into a ``DynamicCache`` of ``B`` rows (``expand``: no copy until the cache appends the rows' own tokens, and under
+autograd the rows' gradients sum back into the one prefix). The rows then continue at positions ``P, P + 1, ...``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["broadcast_cache", "common_prefix_len"]
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix every sequence of ``seqs`` starts with (0 for no sequences).
+
+    Args:
+        seqs: Token id sequences (any lengths).
+    """
+    if not seqs:
+        return 0
+    first, n = seqs[0], min(len(s) for s in seqs)
+    for i in range(n):
+        t = first[i]
+        if any(s[i] != t for s in seqs):
+            return i
+    return n
+
+
+def broadcast_cache(layers: Sequence[tuple[Any, Any]], rows: int, config: Any = None) -> Any:
+    """A ``transformers.DynamicCache`` holding one prefix's keys / values for each of ``rows`` rows.
+
+    Args:
+        layers: Per layer ``(keys, values)``, each ``[1, H, P, D]`` (or already ``[rows, H, P, D]``).
+        rows: Rows of the batch that continues after the prefix.
+        config: The model config (``DynamicCache(config=...)`` picks each layer's cache type); None = plain layers.
+
+    Returns:
+        A ``DynamicCache`` whose layer ``i`` holds ``layers[i]`` expanded to ``[rows, H, P, D]``.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    for i, (k, v) in enumerate(layers):
+        cache.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1), i)
+    return cache
