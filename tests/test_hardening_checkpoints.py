@@ -106,12 +106,22 @@ WEIGHT = "learner.policy"
     (("learner", "optimizer", "param_groups", 0, "betas"), (0.5, 0.5), "differs from the config"),
     (("learner", "optimizer_steps"), -1, "out of range"),
     (("evals", 0, "eval/acc_sample"), "x", "expected a number"),
+    (("counters", "step"), np.full(40, -1), "expected a whole number"),  # its repr spans lines: still one line
+    (("learner", "optimizer", "state", 0, "step"), DELETE, "expected AdamW's keys"),
+    (("learner", "optimizer", "state", 0, "step"), torch.tensor(-1.0), "whole non-negative step count"),
+    (("learner", "optimizer", "state", 0, "exp_avg_sq"), "<negative>", "non-negative"),
+    (("outcomes", "rows", 0), "<row 1>", "given twice"),
+    (("outcomes", "rows", 0, 0), DELETE, "as every other row"),
 ])
 def test_a_checkpoint_that_does_not_describe_this_run_is_skipped(run, tmp_path, where, value, needle):
     state = copy.deepcopy(run[1])
     where = tuple(next(iter(state["learner"]["policy"])) if k == "<first>" else k for k in where)
     if isinstance(value, str) and value == "<nan>":
         value = torch.full_like(state["learner"]["policy"][where[-1]], math.nan)
+    if isinstance(value, str) and value == "<negative>":
+        value = -torch.ones_like(state["learner"]["optimizer"]["state"][0]["exp_avg_sq"])
+    if isinstance(value, str) and value == "<row 1>":  # a second row of the same counts: loading would drop one
+        value = list(state["outcomes"]["rows"][1])
     path, got, skipped = _resume(run, tmp_path, _set(state, where, value))
     assert path.name == "ckpt-000001.pt" and got["counters"]["step"] == 1, (where, skipped)
     assert len(skipped) == 1 and "ckpt-000002.pt" in skipped[0] and needle in skipped[0], skipped
