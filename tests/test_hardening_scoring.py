@@ -166,13 +166,22 @@ def _timed(fn, *args, **kwargs) -> float:
     return value
 
 
+def _money(gold: int, form: int) -> str:
+    """``gold`` as a completion may write it: ``-5``, ``-$5``, ``$-5`` (``5``, ``$5``, ``5`` when positive)."""
+    sign, digits = ("-" if gold < 0 else ""), str(abs(gold))
+    return [f"{sign}{digits}", f"{sign}${digits}", f"${sign}{digits}"][form]
+
+
 @FAST
-@given(junk=HOSTILE, gold=st.integers(-10**6, 10**6), mode=st.sampled_from(["strict", "flexible"]))
-def test_gsm8k_any_text_scores_0_or_1_and_a_right_answer_after_it_scores_1(junk, gold, mode):
+@given(junk=HOSTILE, gold=st.integers(-10**6, 10**6), mode=st.sampled_from(["strict", "flexible"]),
+       form=st.integers(0, 2), pad=st.sampled_from([0, 7, 5000]))
+def test_gsm8k_any_text_scores_0_or_1_and_a_right_answer_after_it_scores_1(junk, gold, mode, form, pad):
     _timed(gsm8k.verify, junk, answer=str(gold), mode=mode)
-    tail = f"\nThe answer is\n#### {gold}" if mode == "strict" else f"\nThe answer is {gold}"
-    assert _timed(gsm8k.verify, junk + tail, answer=str(gold), mode=mode) == 1.0, (junk, gold)
-    assert _timed(gsm8k.verify, junk + tail, answer=str(gold + 1), mode=mode) == 0.0, (junk, gold)
+    said = _money(gold, form)
+    tail = (f"\nThe answer is\n#### {said}" if mode == "strict" else f"\nThe answer is {said}") + "." + "x" * pad
+    assert _timed(gsm8k.verify, junk + tail, answer=str(gold), mode=mode) == 1.0, (junk, tail[:40])
+    assert _timed(gsm8k.verify, junk + tail, answer=float(gold), mode=mode) == 1.0, (junk, tail[:40])
+    assert _timed(gsm8k.verify, junk + tail, answer=str(gold + 1), mode=mode) == 0.0, (junk, tail[:40])
 
 
 @FAST
@@ -180,6 +189,8 @@ def test_gsm8k_any_text_scores_0_or_1_and_a_right_answer_after_it_scores_1(junk,
 def test_arithmetic_any_text_scores_0_or_1_and_a_right_answer_before_it_scores_1(junk, gold):
     _timed(arithmetic.verify, junk, answer=gold)
     assert _timed(arithmetic.verify, f"{gold} " + junk, answer=gold) == 1.0
+    assert _timed(arithmetic.verify, f"{gold} " + junk, answer=float(gold)) == 1.0
+    assert _timed(arithmetic.verify, f"{gold} " + junk, answer=gold + 0.5) == 0.0  # never truncated to gold
     assert _timed(arithmetic.verify, f"{gold + 1} " + junk, answer=gold) == 0.0
 
 
