@@ -26,6 +26,11 @@ def slow_double(completion: str) -> float:
     return 1.0 if completion == "right" else 0.5
 
 
+def hog(completion: str) -> float:
+    """A verifier that asks for far more memory than a worker may add (module-level, for worker processes)."""
+    return float(len(bytearray(int(completion) * 2**20)) > 0)
+
+
 # ------------------------------------------------------------------------------------------------ case 12
 @pytest.mark.parametrize(("completion", "gold", "mode", "expected"), [
     ("1" + "0" * 40 + "234567890", "234567890", "flexible", 0.0),  # never the tail of an over-long number
@@ -129,6 +134,12 @@ def test_a_sympy_bomb_is_stopped_in_a_worker_process():
         took = time.monotonic() - t
     assert r.rewards[0] == 0.0 and r.rewards[1] == 1.0, r
     assert took < 30, took
+
+
+def test_a_worker_is_capped_in_memory():
+    with BatchScorer(hog, mode="process", timeout_s=20.0, workers=1, memory_mb=64) as scorer:
+        r = scorer.score(["1", "512", "1"], [{}, {}, {}])  # 512 MiB past a 64 MiB cap: refused, the worker lives on
+    assert list(r.rewards) == [1.0, 0.0, 1.0] and r.status[1] != OK, r
 
 
 # ------------------------------------------------------------------------------------------------ case 11
