@@ -91,6 +91,7 @@ def format_summary(s: Any, *, k: int) -> str:
                                                   f"({s.effective_groups:,} of {s.committed_groups:,} groups)"),
         ("P(mixed) of a fresh prompt (estimated)", _pct(s.p_mixed)),
         ("verifier errors / timeouts (rollouts scored 0)", f"{s.verifier_errors:,} / {s.verifier_timeouts:,}"),
+        ("peak resident memory", f"{s.peak_rss_mb / 1024:.2f} GiB"),
     ]
     if not math.isnan(s.ds_rollouts_estimate) and s.ds_rollouts_estimate > 0:  # 0 when no group was effective
         rows += [

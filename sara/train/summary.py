@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RunSummary"]
+__all__ = ["RunSummary", "peak_rss_mb"]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MiB (``getrusage``; NaN where it is unavailable)."""
+    try:
+        import resource
+        import sys
+    except ImportError:  # not a Unix
+        return float("nan")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 @dataclass
@@ -40,6 +51,8 @@ class RunSummary:
     not interrupted."""
     checkpoint: str | None = None
     """The last checkpoint written (None if none could be written)."""
+    peak_rss_mb: float = float("nan")
+    """The process's peak resident memory in MiB when the summary was made (the run's, in a ``sara train`` process)."""
 
     @property
     def effective_fraction(self) -> float:

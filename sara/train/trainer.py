@@ -36,7 +36,7 @@ from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
 from sara.train.resume import check_resume
 from sara.train.rundir import RunLock, releases_run_lock
-from sara.train.summary import RunSummary
+from sara.train.summary import RunSummary, peak_rss_mb
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
 
@@ -228,6 +228,7 @@ class Trainer:
                 metrics["train/lr"] = self.learner.lr()
                 self.wall_seconds += time.perf_counter() - t0
                 metrics["time/total"] = self.wall_seconds
+                metrics["sys/peak_rss_mb"] = peak_rss_mb()
                 logger.log(self.step, metrics)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
@@ -314,7 +315,7 @@ class Trainer:
             wall_seconds=self.wall_seconds, out_dir=str(self.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
             ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
             verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
-            checkpoint=None if self.last_checkpoint is None else str(self.last_checkpoint))
+            checkpoint=None if self.last_checkpoint is None else str(self.last_checkpoint), peak_rss_mb=peak_rss_mb())
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
