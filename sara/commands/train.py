@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML/JSON file of TrainConfig fields")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                    help="override a field, e.g. --set algo=rloo --set optim.lr=1e-4 (repeatable)")
-    p.add_argument("--out", metavar="DIR", help="output directory (default: runs/<name>)")
+    p.add_argument("--out", metavar="DIR", help="output directory, taken literally (default: runs/<name>)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a previous run in the output directory (its metrics, plot, checkpoints, tb/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output dir")
@@ -60,11 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ray_address:
         overrides.append(f"ray.address={args.ray_address}")
     overrides += args.overrides
-    if args.out:
-        overrides.append(f"out_dir={args.out}")
     if args.quiet:
         overrides.append("progress=false")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides, values={} if args.out is None else {"out_dir": args.out})
     if args.print_config:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         return 0

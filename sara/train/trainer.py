@@ -32,8 +32,10 @@ from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
 from sara.train.bank import SurplusBank
 from sara.train.config import TrainConfig, default_threads
-from sara.train.guards import VerifierHealth
+from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
+from sara.train.resume import check_resume
+from sara.train.rundir import RunLock, releases_run_lock
 from sara.train.summary import RunSummary, peak_rss_mb, run_files, summarize
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
@@ -48,6 +50,7 @@ class Trainer:
         verbose: Print setup messages (warm start, resume).
     """
 
+    @releases_run_lock
     def __init__(self, config: TrainConfig | Mapping[str, Any] | None = None, *, resume: bool = False,
                  verbose: bool = False) -> None:
         import torch
@@ -58,7 +61,7 @@ class Trainer:
         from sara.backends import BACKENDS
         from sara.envs.base import SamplingConfig
         from sara.envs.tasks import make_task
-        from sara.envs.tasks.scoring import BatchScorer
+        from sara.envs.tasks.scoring import BatchScorer, scorer_mode
         from sara.policies import POLICIES
         from sara.priors.grouped import prompt_groups
         from sara.samplers import make_sampler
@@ -68,17 +71,19 @@ class Trainer:
                                                                               what="train config")
         self.config = cfg
         self.out_dir = cfg.output_dir
+        self._run_lock = RunLock(self.out_dir)  # one run per directory; released by close()
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         self.algo = make_algo(cfg.algo)
         self.task = make_task(cfg.task)
+        mode = scorer_mode(cfg.scorer, self.task)  # a verifier that is not thread-safe runs in worker processes
         if not self.task.eval_prompts and verbose:
             print(f"sara: note: task {self.task.id!r} has no held-out prompts: no evaluation (eval/* metrics); hold "
                   "some out with the task option eval_size=N", file=sys.stderr, flush=True)
         policy_name, policy_options = cfg.component("policy")
         backend_name, backend_options = cfg.component("backend")
-        policy_factory = _lookup(POLICIES, policy_name, "policy")
-        backend_factory = _lookup(BACKENDS, backend_name, "backend")
+        policy_factory = POLICIES.factory(policy_name, what="train config: field 'policy'")  # kind-checked
+        backend_factory = BACKENDS.factory(backend_name, what="train config: field 'backend'")
         if cfg.ray.enabled:  # ray.num_workers copies of the backend on Ray actors (sara.backends.ray)
             from sara.backends.ray.pool import ray_backend_factory
 
@@ -95,7 +100,6 @@ class Trainer:
         sampling = SamplingConfig(temperature=cfg.temperature,
                                   max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
                                   stop=self.task.stop)
-        mode = cfg.scorer if cfg.scorer != "auto" else ("thread" if self.task.thread_safe else "process")
         self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
         self.allocator = make_allocator(cfg.allocator, k=cfg.k)
         self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
@@ -121,7 +125,8 @@ class Trainer:
         if resume:
             from sara.train.checkpoint import resume_checkpoint
 
-            path, state, self.skipped_checkpoints = resume_checkpoint(self.out_dir / "checkpoints")
+            path, state, self.skipped_checkpoints = resume_checkpoint(self.out_dir / "checkpoints",
+                                                                      check=lambda p, s: check_resume(self, p, s))
             for msg in self.skipped_checkpoints:
                 print(f"sara: warning: {msg}; skipped it", file=sys.stderr, flush=True)
             if path is not None and state is not None:
@@ -152,6 +157,7 @@ class Trainer:
                                  observers=[self.verifier_health], policy_version=self.version)
                 self._carry = result.carry
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
+                check_step_limit(result.stats, self.step, cfg)  # so does a step where nothing was effective
             # 2. Advantages: the batch (banked surplus + this step's groups), rollout-time log-probs (old, reference),
             # values, then the algorithm's estimator.
             with timer("advantages"):
@@ -163,6 +169,7 @@ class Trainer:
             with timer("update"):
                 algo_metrics = (learner.update(batch, advantages, returns, extra, step=self.step)
                                 if batch is not None else {})
+                check_finite(self.step, algo_metrics, self.policy, cfg)  # before the weights go anywhere
             # 5. Weight sync: the generator samples the next step with the new weights.
             with timer("sync"):
                 if batch is not None:
@@ -336,19 +343,19 @@ class Trainer:
                   file=sys.stderr, flush=True)
             return None
         self._saved_step, self.last_checkpoint = self.step, path
-        ck.prune_checkpoints(directory, self.config.keep_checkpoints)
+        ck.prune_checkpoints(directory, self.config.keep_checkpoints, current=path)
         return path
 
     def load(self, path: str | Path) -> None:
-        """Restore a checkpoint written by ``save`` (verified; no code in it runs)."""
+        """Restore a checkpoint written by ``save`` (verified and validated, ``sara.train.resume``; no code runs)."""
         from sara.train.checkpoint import load_checkpoint
 
-        self.load_state_dict(load_checkpoint(path))
+        self.load_state_dict(check_resume(self, Path(path), load_checkpoint(path)))
         self.resumed_from = self.last_checkpoint = Path(path)
         self._saved_step = self.step
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what ``state_dict`` returned and push the weights to the generator."""
+        """Restore what ``state_dict`` returned and push the weights to the generator (unchecked: ``load`` checks)."""
         from sara.train.checkpoint import set_rng_state
 
         self.learner.load_state_dict(state["learner"])
@@ -373,16 +380,10 @@ class Trainer:
                 env.close()
         self.scorer.close()
         self.backend.close()
+        self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _lookup(registry: Any, name: str, what: str) -> Any:
-    try:
-        return registry.get(name)
-    except KeyError as exc:
-        raise ConfigError(f"train config: field '{what}': {exc.args[0]}") from None
