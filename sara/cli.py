@@ -1,29 +1,77 @@
 """The ``sara`` command line: ``sara <command> [<subcommand>] [options]``.
 
 Each command lives in its own module under ``sara.commands`` exposing ``register(subparsers)``; the module adds its
-parser(s) and sets ``func`` (called with the parsed args, returns an exit code).
+parser(s) and sets ``func`` (called with the parsed args, returns an exit code). ``build_parser`` then gives every
+parser the same help style (``HelpFormatter``): plain text, each default printed once.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterator, Sequence
 
 # Modules under sara.commands, in help order. Add a command by adding a module here.
 COMMANDS: tuple[str, ...] = ("train", "matrix", "bench", "model")
 
+_RST = re.compile(r"``(.+?)``")
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText inline literals (````x```` becomes ``x``)."""
+    return _RST.sub(r"\1", text)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Plain-text help: paragraphs of a description kept (and refilled), RST literals dropped, and an option's
+    default appended once, as ``(default: X)``, unless its help already names one or it has none to show
+    (``None``, a flag's ``False`` / ``True``, an empty list)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = re.split(r"\n\s*\n", textwrap.dedent(plain(text)).strip())
+        return "\n\n".join(textwrap.fill(" ".join(p.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent) for p in paragraphs)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = plain(action.help or "")
+        default = action.default
+        if ("default" in text or not action.option_strings or default in (None, argparse.SUPPRESS, [], "")
+                or isinstance(default, bool) or action.nargs == 0):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def parsers(parser: argparse.ArgumentParser, path: str = "sara") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """``(command path, parser)`` of ``parser`` and every subcommand below it, depth first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parsers(sub, f"{path} {name}")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sara", description="Sequential Adaptive Rollout Allocation for RLVR.")
+    """The ``sara`` parser with every command registered, each parser using ``HelpFormatter``."""
+    from sara import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="sara", description="SARA, Sequential Adaptive Rollout Allocation for RL with verifiable rewards "
+        "(arXiv:2607.26253). Run 'sara <command> --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"sara {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name in COMMANDS:
         importlib.import_module(f"sara.commands.{name}").register(sub)
+    for _, p in parsers(parser):
+        p.formatter_class = HelpFormatter
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code (2 on a ``SaraError``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):

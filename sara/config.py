@@ -28,9 +28,11 @@ class ConfigError(SaraError, ValueError):
 
 
 class SaraModel(BaseModel):
-    """Base for every config: unknown fields are errors, assignments are validated, docstrings document fields."""
+    """Base for every config: unknown fields are errors, assignments are validated, docstrings document fields, and a
+    float field refuses ``nan`` / ``inf`` (no setting is meaningful there)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, frozen=False,
+                              allow_inf_nan=False)
     other_rules: ClassVar[Mapping[str, str]] = {}
     """Options that belong to another registered rule, mapped to its name: giving one here is an error that names
     the spec to use instead (a name always means one rule)."""

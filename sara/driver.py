@@ -37,7 +37,12 @@ from sara.samplers.base import PromptSampler
 from sara.step import CollectObserver, StepState, StreamCarry
 from sara.types import CollectResult, Rollout, RolloutRequest
 
-__all__ = ["DriverConfig", "StreamCarry", "collect", "release_carry"]
+__all__ = ["DriverConfig", "MIN_STEP_ROLLOUTS", "STEP_ROLLOUTS_FACTOR", "StreamCarry", "collect", "release_carry"]
+
+STEP_ROLLOUTS_FACTOR = 64
+"""``DriverConfig.max_step_rollouts`` when it is None: this many full batches (``target_groups`` x k rollouts)..."""
+MIN_STEP_ROLLOUTS = 4096
+"""... and at least this many rollouts (a small batch of small groups is noisy: a few unlucky probes are no sign)."""
 
 
 class DriverConfig(SaraModel):
@@ -62,6 +67,12 @@ class DriverConfig(SaraModel):
     of the allocator's admission rule (more probes in flight, fewer idle slots)."""
     max_rounds: int = Field(1000, ge=1)
     """Synchronous rounds: stop after this many rounds (status 'max_rounds')."""
+    max_step_rollouts: int | None = Field(None, ge=1)
+    """Both modes: the most rollouts one step may start, a bound against steps where nothing is effective (an
+    always-wrong policy under ``ds`` or ``sara`` keeps drawing prompts); when it binds the step stops with status
+    'max_step_rollouts'. None = ``STEP_ROLLOUTS_FACTOR`` x ``target_groups`` x k, at least ``MIN_STEP_ROLLOUTS``
+    (64 full batches: a step reaches it only when fewer than 1 in 64 groups is effective). A smaller ``max_rollouts``
+    budget binds first."""
     poll_timeout: float | None = Field(None, gt=0)
     """Streaming: seconds one ``env.poll`` may wait (None = until a rollout finishes; in-process engines ignore it)."""
 
@@ -99,7 +110,8 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
     Returns:
         ``CollectResult``: committed groups (the batch), abandoned and discarded units, exact accounting (streaming:
         ``aborted_rollouts`` / ``aborted_tokens`` / ``mean_inflight``), and ``carry``. ``stats.stop_reason`` is one
-        of ``target_reached``, ``max_rollouts``, ``max_rounds``, ``pool_exhausted``, ``allocator_done``.
+        of ``target_reached``, ``max_rollouts``, ``max_step_rollouts``, ``max_rounds``, ``pool_exhausted``,
+        ``allocator_done``.
 
     Raises:
         ConfigError: invalid options, an environment that cannot stream under ``barrier=False``, a carry under
@@ -125,6 +137,9 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         raise ConfigError(f"driver: field 'carry_lag': {allocator.name!r} does not carry units over between steps; "
                           "give carry_lag=0")
     cap = sys.maxsize if cfg.barrier else int(cfg.slots or env.slots)  # type: ignore[attr-defined]
+    bound = cfg.max_step_rollouts or max(MIN_STEP_ROLLOUTS, STEP_ROLLOUTS_FACTOR * target_groups * int(allocator.k))
+    limit, spent_reason = (max_rollouts, "max_rollouts") if max_rollouts is not None and max_rollouts <= bound \
+        else (bound, "max_step_rollouts")
     lookahead = (target_groups if cfg.lookahead is None else cfg.lookahead) if cfg.carry_lag else 0
     st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed, max_rollouts=max_rollouts,
                          eps=eps, observers=observers, lookahead=lookahead)
@@ -135,12 +150,12 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
     while not stop:
         if len(st.committed) >= target_groups:
             waiting = _unfinished(allocator, st, cfg.carry_lag) if cfg.complete_groups else ()
-            if len(waiting) == 0 or not run.fill(waiting, cap, max_rollouts):
+            if len(waiting) == 0 or not run.fill(waiting, cap, limit):
                 stop = "target_reached"
             continue
-        budget = sys.maxsize if max_rollouts is None else max_rollouts - run.started
+        budget = limit - run.started
         if cfg.barrier and (st.rounds >= cfg.max_rounds or budget <= 0):
-            stop = "max_rounds" if st.rounds >= cfg.max_rounds else "max_rollouts"
+            stop = "max_rounds" if st.rounds >= cfg.max_rounds else spent_reason
             break
         idle = cap - len(run.live)
         room = idle if cfg.barrier else min(idle, budget)  # a round admits regardless of the budget (then cut)
@@ -159,12 +174,11 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         cut = cfg.barrier and len(ids) == budget and _wants_more(allocator)
         run.submit(ids, prefixes)
         if not run.live:
-            spent = max_rollouts is not None and run.started >= max_rollouts
-            stop = "max_rollouts" if spent else ("pool_exhausted" if st.exhausted else "allocator_done")
+            stop = spent_reason if run.started >= limit else ("pool_exhausted" if st.exhausted else "allocator_done")
             break
         run.wait()
         if cut:  # the round was cut to fit the budget: the step ends
-            stop = "max_rollouts"
+            stop = spent_reason
     handed = run.hand_on(cfg.carry_lag) if cfg.carry_lag else None  # before end_step closes the open units
     run.abort_units(np.unique(np.fromiter((u for u, _ in run.live.values()), np.int64, count=len(run.live))))
     with timer("allocator"):
@@ -254,7 +268,7 @@ class _Flight:
                            started=st.started[units].copy(), rollouts=tuple(tuple(st.rollouts_of[u]) for u in units),
                            live=live)
 
-    def fill(self, waiting: np.ndarray, cap: int, max_rollouts: int | None) -> bool:
+    def fill(self, waiting: np.ndarray, cap: int, limit: int) -> bool:
         """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight (with
         carry-over it keeps running and dispatching), start their missing rollouts, poll. False when nothing is left
         to wait for (the budget is spent)."""
@@ -262,9 +276,7 @@ class _Flight:
         if not keep_others:
             self.abort_units(np.setdiff1d(np.fromiter((u for u, _ in self.live.values()), np.int64,
                                                       count=len(self.live)), waiting))
-        free = cap - len(self.live)
-        if max_rollouts is not None:
-            free = min(free, max_rollouts - self.started)
+        free = min(cap - len(self.live), limit - self.started)
         with self.st.timer("allocator"):
             ids = self.allocator.dispatch(free, only=None if keep_others else waiting)
             prefixes = self.allocator.prefix(ids)

@@ -73,12 +73,12 @@ class MetricsLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(float(v)):
                     self._tb.add_scalar(k, float(v), step)
-        live = {label: metrics[key] for label, key in self.show.items() if key in metrics}
-        if self._bar is not None:
-            self._bar.set_postfix({k: f"{v:.3g}" for k, v in live.items()}, refresh=False)
-            self._bar.update(1)
+        live = {label: _readable(metrics[key]) for label, key in self.show.items() if key in metrics}
+        if self._bar is not None:  # the bar counts training steps: the step-0 record (initial evaluation) is not one
+            self._bar.set_postfix(live, refresh=False)
+            self._bar.update(max(0, int(step) - self._bar.n))
         elif self._progress and (step % self.print_every == 0):
-            print(f"step {step}: " + "  ".join(f"{k}={v:.3g}" for k, v in live.items()), file=sys.stderr, flush=True)
+            print(f"step {step}: " + "  ".join(f"{k}={v}" for k, v in live.items()), file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self._fh.close()
@@ -86,6 +86,12 @@ class MetricsLogger:
             self._tb.close()
         if self._bar is not None:
             self._bar.close()
+
+
+def _readable(v: Any) -> str:
+    """A progress-bar value: whole numbers with thousands separators (``1,456``), others to 3 significant digits."""
+    f = float(v)
+    return f"{int(f):,}" if math.isfinite(f) and f.is_integer() else f"{f:.3g}"
 
 
 def _jsonable(v: Any) -> Any:

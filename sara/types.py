@@ -190,8 +190,9 @@ class CollectStats:
         abandoned_tokens: Tokens in abandoned units.
         discarded_tokens: Tokens in discarded units.
         prompts_drawn: Fresh prompts admitted from the sampler.
-        stop_reason: Why the loop stopped: ``target_reached``, ``max_rollouts``, ``max_rounds``,
-            ``pool_exhausted``, ``allocator_done`` (e.g. DS hit ``max_gen_batches``).
+        stop_reason: Why the loop stopped: ``target_reached``, ``max_rollouts``, ``max_step_rollouts`` (the driver's
+            bound against steps where nothing is effective), ``max_rounds``, ``pool_exhausted``, ``allocator_done``
+            (e.g. DS hit ``max_gen_batches``).
         target_groups: The requested number of effective/committed groups.
         allocator_seconds: Wall time spent inside the allocator's calls (step start and end, dispatch, admission,
             delivered results, aborts, carry-over).

@@ -31,8 +31,8 @@ def _snippets() -> list:
                 marks.append(pytest.mark.skip(reason="a signature sketch (arguments are ...)"))
             elif "sara.backends.ray" in code:
                 marks.append(pytest.mark.ray)
-            elif 'POLICIES.get("tiny")' in code or "pool_outcomes" in code:
-                marks.append(pytest.mark.slow)  # warm-starts (or loads) the tiny policy and generates with it
+            elif 'POLICIES.get("tiny")' in code or "pool_outcomes" in code or "Trainer(" in code:
+                marks.append(pytest.mark.slow)  # warm-starts (or loads) the tiny policy and generates / trains
             out.append(pytest.param(code, id=f"{path.relative_to(ROOT)}:{line}", marks=marks))
     return out
 

@@ -83,12 +83,12 @@ def test_a_verifier_that_always_raises_stops_the_first_step(flaky, tmp_path, all
 def test_cli_prints_the_verifier_failure_as_one_line(tmp_path):
     (tmp_path / "brokentask.py").write_text(textwrap.dedent("""
         import dataclasses
-        from sara.envs.tasks import make_task
+        from sara.envs.tasks import Task, make_task
 
         def verify(completion, **answer):
             raise RuntimeError("verifier backend unreachable")
 
-        def make(**options):
+        def make(**options) -> Task:  # the return annotation makes it a task entry point
             base = make_task("sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=8")
             return dataclasses.replace(base, id="test/Broken-v0", verifier=verify)
     """))

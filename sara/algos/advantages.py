@@ -54,7 +54,7 @@ from sara.algos.tensors import (
     masked_var,
     masked_whiten,
 )
-from sara.registry import Registry
+from sara.registry import Registry, takes
 
 __all__ = [
     "ADVANTAGES",
@@ -135,7 +135,8 @@ class AdvantageRegistry(Registry[AdvantageFn]):
     """
 
     def __init__(self, kind: str) -> None:
-        super().__init__(kind)
+        super().__init__(kind, accepts=takes(AdvantageInputs),
+                         expects="a function whose first parameter is annotated 'inputs: AdvantageInputs'")
         self._outcome_level: dict[str, bool] = {}
 
     def register(  # type: ignore[override]

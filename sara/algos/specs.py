@@ -40,7 +40,7 @@ from sara.algos.aggregate import LOSS_AGG_MODES, LossDenominators, loss_denomina
 from sara.algos.losses import KL_ESTIMATORS, LossInputs, kl_penalty, rl_loss
 from sara.algos.options import errors_text, none_strings
 from sara.config import ConfigError, SaraModel, parse_spec
-from sara.registry import Registry
+from sara.registry import Registry, instance_of
 
 __all__ = ["ALGOS", "AlgoSpec", "make_algo", "register_algo"]
 
@@ -288,7 +288,7 @@ class AlgoSpec(SaraModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ registry
-ALGOS: Registry[AlgoSpec] = Registry("algorithm")
+ALGOS: Registry[AlgoSpec] = Registry("algorithm", accepts=instance_of(AlgoSpec), expects="a sara.algos.AlgoSpec")
 
 
 def register_algo(spec: AlgoSpec, *, override: bool = False) -> AlgoSpec:

@@ -29,7 +29,7 @@ from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingCon
 from sara.config import ConfigError
 from sara.priors.history import HistoryPrior, HistorySource
 from sara.priors.posteriors import p_effective
-from sara.registry import Registry
+from sara.registry import Registry, subclass_of
 from sara.types import Decision, Prompt
 from sara.units import UnitStatus, UnitTable, UnitView
 
@@ -60,7 +60,8 @@ __all__ = [
     "register",
 ]
 
-ALLOCATORS: Registry[type[BudgetAllocator]] = Registry("allocator")
+ALLOCATORS: Registry[type[BudgetAllocator]] = Registry(
+    "allocator", accepts=subclass_of(BudgetAllocator), expects="a sara.allocators.BudgetAllocator subclass")
 register = ALLOCATORS.register
 
 register("uniform", UniformAllocator)

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from sara.registry import Registry
+from sara.envs.base import GenerationBackend
+from sara.registry import Registry, returns
 
 __all__ = ["BACKENDS", "PrefixCached", "make_backend"]
 
@@ -30,7 +31,9 @@ class PrefixCached(Protocol):
 
     def reset_prefix_cache(self) -> None: ...
 
-BACKENDS: Registry[Callable[..., Any]] = Registry("generation backend")
+BACKENDS: Registry[Callable[..., Any]] = Registry(
+    "generation backend", accepts=returns(GenerationBackend),
+    expects="a function annotated to return a sara.envs.base.GenerationBackend", signature="(policy, options, *, task, seed)")
 """Backend name -> ``factory(policy, options, *, task, seed) -> GenerationBackend``."""
 
 BACKENDS.register("tiny", "sara.backends.tiny:make_tiny_backend")

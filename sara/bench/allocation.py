@@ -214,12 +214,19 @@ def _aggregate(spec: str, runs: list[tuple[list[CollectStats], np.ndarray]]) -> 
     }
 
 
-def run_allocation_bench(cfg: AllocationBenchConfig) -> dict[str, Any]:
-    """Run every allocator on ``cfg.seeds`` simulated pools; return ``{"config": ..., "results": [...]}``."""
+def run_allocation_bench(cfg: AllocationBenchConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every allocator on ``cfg.seeds`` simulated pools; return ``{"config": ..., "results": [...]}``. ``log``
+    gets a progress line as each (allocator, seed) run starts."""
     specs = list(dict.fromkeys(cfg.allocators))
     ref_added = cfg.reference not in specs
-    runs = {spec: _aggregate(spec, [_run_one(spec, cfg, seed) for seed in range(cfg.seeds)])
-            for spec in ([cfg.reference] if ref_added else []) + specs}
+    order = ([cfg.reference] if ref_added else []) + specs
+
+    def one(i: int, spec: str, seed: int) -> dict[str, Any]:
+        if log is not None:
+            log(f"{spec} ({i + 1}/{len(order)}), seed {seed + 1}/{cfg.seeds}")
+        return _run_one(spec, cfg, seed)
+
+    runs = {spec: _aggregate(spec, [one(i, spec, seed) for seed in range(cfg.seeds)]) for i, spec in enumerate(order)}
     ref = runs[cfg.reference]
     results = []
     for spec in specs:

@@ -29,7 +29,7 @@ __all__ = ["soak", "InjectedFault", "SOAK_ALLOCATORS"]
 
 SOAK_ALLOCATORS = ("uniform", "ds", "sara", "sara_paper", "sara_paper:probe=2/1", "sara_paper:prior=empirical",
                    "sara:completion=as_is", "bayes_optimal", "sara_continuous", "sara_tree")
-STOPS = {"target_reached", "max_rollouts", "max_rounds", "pool_exhausted", "allocator_done"}
+STOPS = {"target_reached", "max_rollouts", "max_step_rollouts", "max_rounds", "pool_exhausted", "allocator_done"}
 
 
 class InjectedFault(RuntimeError):

@@ -1,23 +1,28 @@
-"""``sara bench``: ``allocation``, ``decisions`` and ``soak`` (simulation) here; ``generation``, ``stream`` and
-``ray`` (engines) in ``sara.commands.bench_engines``. A bench that writes JSON takes ``--json FILE``."""
+"""``sara bench``: ``allocation``, ``decisions`` and ``soak`` (simulation) here; ``generation``, ``stream``, ``ray``
+and ``learner`` (engines) in ``sara.commands.bench_engines``.
+
+Every bench prints a table on stdout and writes its JSON report where ``--json FILE`` says (``bench allocation``
+also writes one by default, into ``--out DIR``, which it never overwrites without ``--overwrite``); progress goes to
+stderr (``sara.commands.output``)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from sara.commands.output import Ticker, claim_dir, kv_table, progress, write_report
 from sara.config import validate_config
+
+__all__ = ["register", "split_specs", "write_report"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (allocation efficiency, decision throughput, soak, generation "
-                           "throughput, streaming, Ray pools)")
+    bench = sub.add_parser("bench", help="benchmarks: allocation, decisions, soak (simulator); generation, stream, "
+                           "ray, learner (engines)")
     bsub = bench.add_subparsers(dest="bench", metavar="<benchmark>")
 
-    p = bsub.add_parser("allocation", help="rollouts per effective group of allocators on a simulated prompt pool",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = bsub.add_parser("allocation", help="rollouts per effective group of allocators on a simulated prompt pool")
     p.add_argument("--population", default="u-shaped",
                    help="u-shaped | mid-training | uniform | beta:A,B | file:PATH (one success rate per line)")
     p.add_argument("--k", type=int, default=8, help="group size")
@@ -37,23 +42,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift", type=float, default=0.0,
                    help="per-step drift of success rates on the logit scale, larger for trained prompts (see "
                         "sara.bench.allocation.drift_rates)")
-    p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
-    p.add_argument("--plot", default=None, help="write the PNG plot here (default: next to --json, or runs/)")
-    p.add_argument("--out", default="runs/bench-allocation", help="directory for the default JSON/PNG outputs")
+    p.add_argument("--json", dest="json_out", metavar="FILE", default=None,
+                   help="write the JSON report here (default: DIR/allocation.json of --out)")
+    p.add_argument("--plot", metavar="FILE", default=None, help="write the PNG plot here (default: beside the JSON)")
+    p.add_argument("--out", metavar="DIR", default="runs/bench-allocation",
+                   help="directory of the JSON report and plot when --json is not given")
+    p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     p.set_defaults(func=_allocation)
 
-    d = bsub.add_parser("decisions", help="vectorized decision throughput of an allocator",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = bsub.add_parser("decisions", help="vectorized decision throughput of an allocator")
     d.add_argument("--units", type=int, default=1_000_000, help="open units decided on per call")
     d.add_argument("--rounds", type=int, default=4, help="rounds of dispatch + finished, timed together")
     d.add_argument("--k", type=int, default=8, help="group size")
     d.add_argument("--allocator", default="sara", help="allocator spec")
-    d.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    d.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     d.set_defaults(func=_decisions)
 
     s = bsub.add_parser("soak", help="many collection steps on the simulator with random budgets, targets, allocators, "
-                        "driver modes and injected environment failures: exact accounting, bounded memory",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        "driver modes and injected environment failures: exact accounting, bounded memory")
     s.add_argument("--steps", type=int, default=10_000, help="collection steps")
     s.add_argument("--seed", type=int, default=0, help="seed of the draws, the pool and the injected failures")
     s.add_argument("--k", type=int, default=8, help="group size")
@@ -61,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--fault-rate", type=float, default=0.02, help="share of environment calls that raise")
     s.add_argument("--max-rss-growth-mb", type=float, default=64.0,
                    help="fail when resident memory grows more than this after the warm-up (a tenth of the steps)")
-    s.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    s.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     s.set_defaults(func=_soak)
 
     from sara.commands import bench_engines
@@ -100,10 +106,10 @@ def _allocation(args: argparse.Namespace) -> int:
         population=args.population, k=args.k, target_groups=args.target_groups, seeds=args.seeds,
         pool_size=args.pool_size, steps=args.steps, allocators=split_specs(args.allocators), sampler=args.sampler,
         pool_epochs=args.pool_epochs, drift=args.drift), what="bench allocation")
-    report = run_allocation_bench(cfg)
+    json_path = Path(args.json_out) if args.json_out else claim_dir(
+        args.out, overwrite=args.overwrite, marker="allocation.json", what="sara bench allocation") / "allocation.json"
+    report = run_allocation_bench(cfg, log=lambda line: progress("bench allocation", line))
     print(format_table(report))
-    out = Path(args.out)
-    json_path = Path(args.json_out) if args.json_out else out / "allocation.json"
     write_json(report, json_path)
     plot_path = plot_results(report, args.plot or json_path.with_suffix(".png"))
     print(f"\nJSON: {json_path}" + (f"   plot: {plot_path}" if plot_path else ""))
@@ -113,8 +119,9 @@ def _allocation(args: argparse.Namespace) -> int:
 def _decisions(args: argparse.Namespace) -> int:
     from sara.bench.decisions import run_decision_bench
 
-    res = run_decision_bench(units=args.units, rounds=args.rounds, k=args.k, spec=args.allocator)
-    print(json.dumps(res, indent=2))
+    with Ticker("bench decisions"):
+        res = run_decision_bench(units=args.units, rounds=args.rounds, k=args.k, spec=args.allocator)
+    print(kv_table(res))
     write_report(res, args.json_out)
     return 0
 
@@ -129,20 +136,12 @@ def _soak(args: argparse.Namespace) -> int:
     if not 0.0 <= args.fault_rate < 1.0:
         raise ConfigError(f"bench soak: field 'fault_rate': {args.fault_rate}; give a share in [0, 1)")
     try:
-        res = soak(args.steps, seed=args.seed, k=args.k, pool=args.pool_size, fault_rate=args.fault_rate,
-                   max_rss_growth_mb=args.max_rss_growth_mb)
+        with Ticker("bench soak"):
+            res = soak(args.steps, seed=args.seed, k=args.k, pool=args.pool_size, fault_rate=args.fault_rate,
+                       max_rss_growth_mb=args.max_rss_growth_mb)
     except AssertionError as exc:
         print(f"sara: bench soak failed: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(res, indent=1))
+    print(kv_table(res))
     write_report(res, args.json_out)
     return 0
-
-
-def write_report(report: dict, path: str | None) -> None:
-    """Write ``report`` as JSON to ``path`` (parents created) and say so; nothing when ``path`` is None."""
-    if path:
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nJSON: {out}")

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from sara.commands.bench import write_report
+from sara.commands.output import Ticker, kv_table, write_report
 from sara.config import ConfigError, validate_config
 
 
 def register(bsub: Any) -> None:
     """Add the engine benchmarks to ``sara bench``'s subparsers."""
     g = bsub.add_parser("generation", help="tokens/s and seconds per effective group of allocators on a real backend "
-                        "(sync rounds vs streaming), against one full batch of the same rollouts",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        "(sync rounds vs streaming), against one full batch of the same rollouts")
     g.add_argument("--backend", default="tiny", help="tiny | hf | vllm, with options (hf:dtype=float32,...)")
     g.add_argument("--allocators", default="ds;sara;sara+stream;sara+carry",
                    help="allocator specs separated by ';'; a spec ending in '+stream' runs under the streaming driver "
@@ -41,12 +39,11 @@ def register(bsub: Any) -> None:
     g.add_argument("--no-stop", dest="task_stop", action="store_false", help="ignore the task's stop strings: every "
                    "completion runs to --max-new-tokens (more decoding per rollout; scores unchanged on tasks that "
                    "read the answer first)")
-    g.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    g.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     g.set_defaults(func=_generation)
 
     s = bsub.add_parser("stream", help="a backend's streaming loop (submit / poll, slots refilled) against synchronous "
-                        "rounds and one full batch of the same completions",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        "rounds and one full batch of the same completions")
     s.add_argument("--backend", default="tiny", help="tiny | hf | vllm, with options (hf:device=cuda, "
                    "vllm:engine=async, ...)")
     s.add_argument("--task", default=None, help="task whose prompts are generated for (default: the tiny policy's "
@@ -64,35 +61,34 @@ def register(bsub: Any) -> None:
     s.add_argument("--random-init", action="store_true", help="hf: the model's architecture with random weights")
     s.add_argument("--check-exact", action="store_true", help="first stream 16 completions through 6 slots in "
                    "float32 and count those equal to generate's token for token")
-    s.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    s.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     s.set_defaults(func=_stream)
 
     ray = bsub.add_parser("ray", help="Ray pools on sleeping engines: worker scaling, rounds vs streaming")
     rsub = ray.add_subparsers(dest="ray_bench", metavar="<mode>")
     sc = rsub.add_parser("scaling", help="rollout throughput of a RayEnvPool with 1 vs 2 (or more) workers on the "
-                         "simulator with a per-token latency", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         "simulator with a per-token latency")
     sc.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     sc.add_argument("--seconds-per-token", type=float, default=1e-5, help="sleep per generated token of a round")
     sc.add_argument("--steps", type=int, default=5, help="timed collection steps per pool (after one warm-up step)")
     sc.add_argument("--target", type=int, default=32, help="committed groups per step")
     sc.add_argument("--k", type=int, default=8, help="group size")
     sc.add_argument("--pool-size", type=int, default=20_000, help="prompts in the simulated pool")
-    sc.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    sc.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     sc.set_defaults(func=_ray_scaling)
     st = rsub.add_parser("stream", help="a RayRolloutPool in synchronous rounds vs streaming with slot refill, same "
-                         "completions", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         "completions")
     st.add_argument("--workers", type=int, default=2, help="actors")
     st.add_argument("--slots", type=int, default=8, help="slots per actor (= requests per round per actor)")
     st.add_argument("--completions", type=int, default=400, help="completions generated each way")
     st.add_argument("--tick-s", type=float, default=0.004, help="seconds one decode tick sleeps")
     st.add_argument("--max-tokens", type=int, default=64, help="longest completion")
-    st.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    st.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     st.set_defaults(func=_ray_stream)
     ray.set_defaults(func=lambda args: ray.print_help() or 2)
 
     lb = bsub.add_parser("learner", help="update seconds per rollout of the shipped learner vs the naive path (full "
-                         "float32 forwards + a second forward for old log-probs), and FLOP/s vs the measured matmul rate",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         "float32 forwards + a second forward for old log-probs), and FLOP/s vs the measured matmul rate")
     lb.add_argument("--model", default="smollm2", help="prepared model name or local HF model directory")
     lb.add_argument("--task", default=None, help="task spec (default: 3-shot 1-digit sums)")
     lb.add_argument("--groups", type=int, default=8, help="prompts in the batch")
@@ -104,7 +100,7 @@ def register(bsub: Any) -> None:
     lb.add_argument("--microbatch-tokens", type=int, default=2048, help="the shipped path's micro-batch budget")
     lb.add_argument("--algo", default="grpo", help="algorithm spec")
     lb.add_argument("--seed", type=int, default=0, help="seed of the task's prompts and the sampled completions")
-    lb.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    lb.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     lb.set_defaults(func=_learner)
 
     pb = bsub.add_parser("population", help="a policy's per-prompt success rates on a run's pool (from k samples): "
@@ -175,8 +171,9 @@ def _ray_scaling(args: argparse.Namespace) -> int:
     for name in ("steps", "target", "k", "pool_size"):
         if getattr(args, name) < 1:
             raise ConfigError(f"bench ray scaling: field '{name}': must be >= 1 (got {getattr(args, name)})")
-    report = ray_scaling(workers, seconds_per_token=args.seconds_per_token, steps=args.steps, target=args.target,
-                         k=args.k, pool_size=args.pool_size)
+    with Ticker("bench ray scaling"):
+        report = ray_scaling(workers, seconds_per_token=args.seconds_per_token, steps=args.steps, target=args.target,
+                             k=args.k, pool_size=args.pool_size)
     print(format_scaling(report))
     write_report(report, args.json_out)
     return 0
@@ -188,12 +185,12 @@ def _ray_stream(args: argparse.Namespace) -> int:
     for name in ("workers", "slots", "completions", "max_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"bench ray stream: field '{name}': must be >= 1 (got {getattr(args, name)})")
-    report = ray_stream(workers=args.workers, slots=args.slots, completions=args.completions, tick_s=args.tick_s,
-                        max_tokens=args.max_tokens)
-    print(json.dumps(report, indent=2))
+    with Ticker("bench ray stream"):
+        report = ray_stream(workers=args.workers, slots=args.slots, completions=args.completions,
+                            tick_s=args.tick_s, max_tokens=args.max_tokens)
+    print(kv_table(report))
     write_report(report, args.json_out)
     return 0
-
 
 
 def _learner(args: argparse.Namespace) -> int:

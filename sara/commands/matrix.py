@@ -14,9 +14,9 @@ band per cell) and ``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel p
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
+from sara.commands.output import claim_dir
 from sara.experiments.matrix import parse_cells, run_matrix
 from sara.experiments.matrix_report import format_report
 
@@ -41,25 +41,28 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "matrix", help="algorithm x allocator matrix over seeds at equal rollout budget",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algos", default="grpo;rloo;ppo;reinforce_pp", help="';'-separated algorithm specs")
-    p.add_argument("--allocators", default="uniform;ds;sara",
+    p.add_argument("--algos", default="grpo;rloo;ppo;reinforce_pp", metavar="SPECS",
+                   help="';'-separated algorithm specs")
+    p.add_argument("--allocators", default="uniform;ds;sara", metavar="SPECS",
                    help="';'-separated ALLOCATOR[@SAMPLER] specs, e.g. 'ds;sara;sara:prior=history@predictive'")
-    p.add_argument("--seeds", type=int, default=1, help="seeds per cell (seed .. seed+N-1; default 1)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per cell (seed .. seed+N-1)")
     p.add_argument("--reference", default="ds", metavar="SPEC",
                    help="the cell (ALLOCATOR[@SAMPLER]) whose final accuracy is the target and the ratios' "
-                        "denominator; added when missing (default ds)")
+                        "denominator; added when missing")
     p.add_argument("--target-acc", type=float, default=None, metavar="X",
                    help="fixed target accuracy instead of the reference's final accuracy")
-    p.add_argument("--steps", type=int, default=None,
-                   help="uniform-allocation steps that define the rollout budget (default 20, --quick 6)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="uniform-allocation steps that define the rollout budget (default: 20, --quick 6)")
     p.add_argument("--quick", action="store_true", help="a tiny CI-sized matrix")
     p.add_argument("--config", metavar="FILE", help="base TrainConfig (YAML/JSON) shared by every cell")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                    help="override a base config field (repeatable)")
     p.add_argument("--driver", choices=("sync", "stream"), default=None,
                    help="collection driver of every cell (TrainConfig.driver; default: the config's, sync)")
-    p.add_argument("--workers", type=int, default=None, help="parallel runs (default: one per core)")
-    p.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/matrix)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="parallel runs (default: one per core)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output directory (default: runs/matrix, --quick runs/matrix-quick)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous matrix in the output directory")
     p.set_defaults(func=run)
 
 
@@ -83,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.driver:
         args.overrides = [f"driver.barrier={str(args.driver == 'sync').lower()}", *args.overrides]
     base = load_config(None, args.overrides, base=base.model_dump())
-    out = Path(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"))
+    out = claim_dir(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"), overwrite=args.overwrite,
+                    marker="matrix.json", what="sara matrix", replace=("matrix.json", "matrix.md", "matrix.png",
+                                                                        "cells"))
     every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
     report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds, workers=args.workers,
                         eval_every=every, reference=reference, target_acc=args.target_acc,

@@ -12,13 +12,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     model = sub.add_parser("model", help="prepare real LLMs for the hf / vllm backends")
     msub = model.add_subparsers(dest="model_command", metavar="<subcommand>")
     p = msub.add_parser("prepare", help="download + convert a model into the cache (idempotent)",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                         description="Known models: " + "; ".join(f"{k}: {v.description}" for k, v in MODELS.items()))
     p.add_argument("name", choices=sorted(MODELS), help="model name")
-    p.add_argument("--cache-dir", default=None,
-                   help="cache root (default: $SARA_CACHE_DIR or ~/.cache/sara); the model goes to <root>/models/")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="cache root; the model goes to DIR/models/ (default: $SARA_CACHE_DIR or ~/.cache/sara)")
     p.add_argument("--force", action="store_true", help="rebuild even if a prepared copy exists")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="saved weight dtype")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="dtype of the saved weights")
     p.set_defaults(func=_prepare)
     model.set_defaults(func=lambda args: model.print_help() or 2)
 

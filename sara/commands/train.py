@@ -1,8 +1,13 @@
 """``sara train``: train a policy with an RL algorithm and a rollout allocator; print what it learned and saved.
 
 With no arguments it runs the embedded default (``TrainConfig()``): GRPO + SARA on the tiny transformer policy and
-the mixture of arithmetic bands (``sara/Mixture-v0:components=arithmetic-bands``), a few minutes on 2 CPU cores (the
-first run also warm-starts the policy, cached afterwards).
+the mixture of arithmetic bands (``sara/Mixture-v0:components=arithmetic-bands``), about 40 s on 2 CPU cores once
+the policy's supervised warm start is cached (the first run also computes it).
+
+Outputs go to ``--out DIR`` (default ``runs/<name>``): ``metrics.jsonl`` (one record per step),
+``learning_curve.png``, ``checkpoints/`` when ``checkpoint_every`` is set (or a signal stops the run) and ``tb/``
+(TensorBoard) when the ``tensorboard`` extra is installed; the summary lists every file written. A directory that
+already holds a run is refused unless ``--overwrite`` (replace it) or ``--resume`` (continue it).
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import math
 import sys
 from typing import Any
 
-__all__ = ["register", "run", "format_summary"]
+__all__ = ["register", "run", "format_summary", "RUN_FILES"]
+
+RUN_FILES = ("metrics.jsonl", "learning_curve.png", "checkpoints", "tb")
+"""What a run writes in its directory (``--overwrite`` removes these first)."""
 
 
 def register(subparsers: Any) -> None:
@@ -22,9 +30,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML/JSON file of TrainConfig fields")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                    help="override a field, e.g. --set algo=rloo --set optim.lr=1e-4 (repeatable)")
-    p.add_argument("--out", metavar="DIR", help="output directory (default runs/<name>)")
+    p.add_argument("--out", metavar="DIR", help="output directory, taken literally (default: runs/<name>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a previous run in the output directory (its metrics, plot, checkpoints, tb/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output dir")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (config: progress)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--ray", action="store_true", help="generate on Ray actors, one backend copy each (docs/ray.md)")
     p.add_argument("--num-workers", type=int, metavar="N", help="Ray actors (with --ray; config: ray.num_workers)")
@@ -50,16 +60,19 @@ def run(args: argparse.Namespace) -> int:
     if args.ray_address:
         overrides.append(f"ray.address={args.ray_address}")
     overrides += args.overrides
-    if args.out:
-        overrides.append(f"out_dir={args.out}")
     if args.quiet:
         overrides.append("progress=false")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides, values={} if args.out is None else {"out_dir": args.out})
     if args.print_config:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         return 0
     if cfg.threads is None:
         cfg = cfg.model_copy(update={"threads": default_threads()})
+    if not args.resume:
+        from sara.commands.output import claim_dir
+
+        claim_dir(cfg.output_dir, overwrite=args.overwrite, marker="metrics.jsonl", what="sara train",
+                  replace=RUN_FILES, resume_hint=True)
     print(f"sara train: {cfg.algo} + {cfg.allocator} on {cfg.task} ({cfg.policy} policy, {cfg.backend} backend), "
           f"{cfg.steps} steps x {cfg.groups_per_step} groups of k={cfg.k} -> {cfg.output_dir}", flush=True)
     with Trainer(cfg, resume=args.resume, verbose=True) as trainer:
@@ -105,7 +118,7 @@ def format_summary(s: Any, *, k: int) -> str:
             rows.append(("tokens saved vs DS (est., same tokens per rollout)",
                          f"{ds_tok - s.tokens:,.0f} ({_pct((ds_tok - s.tokens) / ds_tok)})"))
     rows += [("wall time", f"{s.wall_seconds:.0f} s"),
-             ("outputs", f"{s.out_dir}/metrics.jsonl, {s.out_dir}/learning_curve.png")]
+             ("files written", f"{s.out_dir}/: " + (", ".join(s.files) if s.files else "none"))]
     width = max(len(r[0]) for r in rows)
     lines = [f"| {'':<{width}} | {s.algo} + {s.allocator} |", f"|{'-' * (width + 2)}|{'-' * 24}|"]
     lines += [f"| {a:<{width}} | {b} |" for a, b in rows]

@@ -17,7 +17,7 @@ import gymnasium
 from gymnasium import spaces
 
 from sara.envs.tasks import TASKS, Task, make_task
-from sara.envs.tasks.scoring import OK, BatchScorer
+from sara.envs.tasks.scoring import OK, BatchScorer, scorer_mode
 from sara.types import Prompt
 
 __all__ = ["TextTaskEnv", "register_gym_envs", "observation_text"]
@@ -65,9 +65,8 @@ class TextTaskEnv(gymnasium.Env):
         charset = frozenset(string.printable).union(*map(frozenset, texts))
         self.observation_space = spaces.Text(max_length=max(map(len, texts)), min_length=0, charset=charset)
         self.action_space = spaces.Text(max_length=MAX_ACTION_CHARS, min_length=0, charset=ACTION_CHARSET)
-        # the verifier runs in a watched thread (thread-safe ones) or in this thread with its own timeouts
-        mode = "thread" if task.thread_safe else "inline"
-        self._scorer = BatchScorer(task.verifier, mode=mode, timeout_s=task.timeout_s)
+        # a watched thread for verifiers that bound their own work, worker processes (time and memory limits) else
+        self._scorer = BatchScorer(task.verifier, mode=scorer_mode("auto", task), timeout_s=task.timeout_s, workers=1)
         self._index: int | None = None
         self._obs = ""
 

@@ -22,6 +22,7 @@ import numpy as np
 from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig, StreamingBackend
 from sara.envs.tasks import Task, make_task
 from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchScorer
+from sara.envs.tasks.scoring import scorer_mode as _scorer_mode
 from sara.types import Prompt, Rollout, RolloutRequest
 
 __all__ = ["ChatRenderer", "ReportsVerifierFailures", "TaskEnv"]
@@ -55,7 +56,7 @@ class TaskEnv:
             ``stop``.
         split: ``"train"`` (the task's prompt pool) or ``"eval"`` (its held-out prompts).
         scorer_mode: ``"auto"`` (``"thread"`` for thread-safe verifiers, else ``"process"``), or a ``BatchScorer``
-            mode.
+            mode (``thread`` / ``inline`` for a verifier that is not thread-safe: ``ConfigError``).
         timeout_s: Per-call verifier time limit (default: the task's).
         workers: Verifier worker processes in ``process`` mode.
         render_chat: ``messages -> text`` (e.g. a tokenizer's ``apply_chat_template(..., tokenize=False,
@@ -82,7 +83,7 @@ class TaskEnv:
             raise ValueError(f"TaskEnv: task {self.task.id!r} has no {split!r} prompts")
         self._owns_scorer = scorer is None
         if scorer is None:
-            mode = scorer_mode if scorer_mode != "auto" else ("thread" if self.task.thread_safe else "process")
+            mode = _scorer_mode(scorer_mode, self.task)  # thread / inline are refused for a verifier not thread-safe
             scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=timeout_s or self.task.timeout_s,
                                  workers=workers)
         self.scorer = scorer

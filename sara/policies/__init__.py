@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from sara.policies.base import Policy, PolicyOutput, TokenBatch
-from sara.registry import Registry
+from sara.registry import Registry, returns
 
 __all__ = ["POLICIES", "Policy", "PolicyOutput", "TokenBatch", "make_tiny_policy_for_task"]
 
-POLICIES: Registry[Callable[..., Any]] = Registry("policy")
+POLICIES: Registry[Callable[..., Any]] = Registry(
+    "policy", accepts=returns(Policy), expects="a function annotated to return a sara.policies.base.Policy",
+    signature="(options, *, task, seed, verbose)")
 """Policy name -> ``factory(options, *, task, seed) -> Policy``."""
 
 POLICIES.register("tiny", "sara.policies:make_tiny_policy_for_task")

@@ -7,12 +7,13 @@ an allocator (``sara.allocators.compose``), never the reverse.
 from __future__ import annotations
 
 from sara.config import ConfigError
-from sara.registry import Registry
+from sara.registry import Registry, subclass_of
 from sara.samplers.base import PromptSampler, UniformSampler, UniformSamplerConfig
 
 __all__ = ["SAMPLERS", "PromptSampler", "UniformSampler", "UniformSamplerConfig", "make_sampler"]
 
-SAMPLERS: Registry[type[PromptSampler]] = Registry("prompt sampler")
+SAMPLERS: Registry[type[PromptSampler]] = Registry(
+    "prompt sampler", accepts=subclass_of(PromptSampler), expects="a sara.samplers.PromptSampler subclass")
 SAMPLERS.register("uniform", UniformSampler)
 SAMPLERS.register("predictive", "sara.samplers.predictive:PredictiveSampler")
 

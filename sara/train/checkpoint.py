@@ -10,7 +10,9 @@ A checkpoint is two files in ``<out_dir>/checkpoints``:
   written after the checkpoint. A checkpoint without it, or whose bytes do not hash to it, is not loaded.
 
 Both are written atomically (temp file, fsync, ``os.replace``): a crash or a full disk leaves the previous checkpoints
-intact. ``resume_checkpoint`` returns the newest checkpoint that loads and names every newer one it skipped and why.
+intact. ``load_checkpoint`` looks for the marker before it reads the file, hashes it in chunks, and reads it once
+(peak memory about its size). ``resume_checkpoint`` returns the newest checkpoint that loads (and passes the caller's
+``check``: the trainer validates the whole state, ``sara.train.resume``) and names every newer one it skipped and why.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import io
 import json
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,20 +95,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: no such file")
-    data = path.read_bytes()
-    if not data:
+    if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path}: empty file")
     marker = marker_path(path)
     if not marker.is_file():
         raise CheckpointError(f"checkpoint {path}: no completion marker {marker.name} (the write did not finish, "
                               "or the file was not written by this version of sara)")
-    expected = marker.read_text(encoding="utf-8", errors="replace").split()[:1]
-    actual = hashlib.sha256(data).hexdigest()
-    if expected != [actual]:
+    with open(marker, "rb") as fh:
+        expected = fh.read(256).decode("utf-8", errors="replace").split()[:1]
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:  # hashed in chunks: nothing is held in memory
+        zipped = fh.read(4) == b"PK\x03\x04"
+        fh.seek(0)
+        while len(expected) == 1 and (chunk := fh.read(1 << 20)):
+            digest.update(chunk)
+    if expected != [digest.hexdigest()]:
         raise CheckpointError(f"checkpoint {path}: checksum mismatch with {marker.name} (truncated or modified "
                               "after it was written)")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # tensors are mapped from the file (the zip format torch.save writes), not copied into memory
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path}: refused by the weights-only loader, it holds pickled objects "
@@ -120,8 +128,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
                               f"{VERSION}")
     try:
         return decode(json.loads(payload["state"]), payload["tensors"])
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint {path}: malformed state ({exc})") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint {path}: malformed state (nested too deeply)") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: malformed state ({str(exc)[:300]})") from None
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
@@ -139,9 +149,16 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return next((p for p in list_checkpoints(directory) if marker_path(p).is_file()), None)
 
 
-def resume_checkpoint(directory: str | Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-    """The newest checkpoint that verifies and loads: ``(path, state, skipped)``, ``skipped`` holding one message per
-    newer checkpoint that did not (each names the file and why). ``(None, None, [])`` when there is none at all.
+def resume_checkpoint(directory: str | Path, check: Callable[[Path, dict[str, Any]], None] | None = None
+                      ) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """The newest checkpoint that verifies, loads and passes ``check``: ``(path, state, skipped)``, ``skipped``
+    holding one message per newer checkpoint that did not (each names the file and why). ``(None, None, [])`` when
+    there is none at all.
+
+    Args:
+        directory: The checkpoint directory.
+        check: ``check(path, state)`` raises ``CheckpointError`` for a state that must be skipped (any other error
+            propagates: e.g. a ``ConfigError`` for a run that changed its configuration).
 
     Raises:
         CheckpointError: checkpoints exist but none of them loads (the message lists each and why).
@@ -149,7 +166,10 @@ def resume_checkpoint(directory: str | Path) -> tuple[Path | None, dict[str, Any
     skipped: list[str] = []
     for path in list_checkpoints(directory):
         try:
-            return path, load_checkpoint(path), skipped
+            state = load_checkpoint(path)
+            if check is not None:
+                check(path, state)
+            return path, state, skipped
         except CheckpointError as exc:
             skipped.append(str(exc))
     if skipped:
@@ -158,11 +178,23 @@ def resume_checkpoint(directory: str | Path) -> tuple[Path | None, dict[str, Any
     return None, None, []
 
 
-def prune_checkpoints(directory: str | Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints in ``directory`` (with their markers)."""
-    for p in list_checkpoints(directory)[keep:]:
+def prune_checkpoints(directory: str | Path, keep: int, *, current: str | Path | None = None) -> None:
+    """Delete all but the ``keep`` newest complete checkpoints (with markers) not above ``current`` (the one just
+    written, never deleted), with their markers. Files without a marker, and checkpoints of later steps than
+    ``current`` (left by another run, or skipped on resume), do not count and are left alone."""
+    bound = None if current is None else _step_of(Path(current))
+    done = [p for p in list_checkpoints(directory) if marker_path(p).is_file()
+            and (bound is None or _step_of(p) <= bound)]
+    for p in done[keep:]:
+        if current is not None and p.name == Path(current).name:
+            continue
         p.unlink(missing_ok=True)
         marker_path(p).unlink(missing_ok=True)
+
+
+def _step_of(path: Path) -> int:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else -1
 
 
 def rng_state() -> dict[str, Any]:

@@ -8,9 +8,9 @@ import copy
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sara.backends.ray.config import RayTrainOptions
 from sara.config import ConfigError, SaraModel, parse_spec, validate_config
@@ -22,12 +22,12 @@ __all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_ove
 class OptimConfig(SaraModel):
     """Optimizer and schedule (AdamW). Every count here is in optimizer steps."""
 
-    lr: float = Field(2e-4, gt=0)
-    """Peak learning rate."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    lr: float = Field(2e-4, gt=0, le=10)
+    """Peak learning rate, in (0, 10]."""
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    """AdamW weight decay, in [0, 1]."""
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    """AdamW betas, each in [0, 1)."""
     grad_clip: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (None = no clipping)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -72,12 +72,16 @@ most 1500 steps), which leaves most of the default pool's k-groups saturated (1-
 (600 steps give 15% held-out accuracy on one and 36% on another; ``WarmStartConfig.target_loss``)."""
 
 
+MAX_NEW_TOKENS = 131_072
+"""Largest ``TrainConfig.max_new_tokens``: 128 Ki tokens, the longest context of common models."""
+
+
 class TrainConfig(SaraModel):
     """A training run. The defaults are ``sara train``'s embedded run: GRPO + SARA on the tiny policy and a mixture
     of arithmetic widths (``sara/Mixture-v0:components=arithmetic-bands``; a few minutes on 2 CPU cores)."""
 
     name: str = "grpo-sara-arithmetic"
-    """Run name (the default output directory is ``runs/<name>``)."""
+    """Run name (the default output directory is ``runs/<name>``): non-empty, relative, no ``..``."""
     seed: int = Field(0, ge=0)
     """Seed of rollouts, prompt order and mini-batch order."""
     task: str = "sara/Mixture-v0:components=arithmetic-bands,pool_size=1000,eval_size=200"
@@ -119,10 +123,10 @@ class TrainConfig(SaraModel):
     """Rollouts for the whole run; training stops when it is spent (None = run ``steps`` steps)."""
     steps: int = Field(80, ge=0)
     """Training (collection) steps at most."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of training rollouts and of ``eval/acc_sample``."""
-    max_new_tokens: int | None = Field(None, ge=1)
-    """Generation cap (None = the task's suggestion)."""
+    temperature: float = Field(1.0, gt=0, le=10)
+    """Sampling temperature of training rollouts and of ``eval/acc_sample``, in (0, 10]."""
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    """Generation cap, at most ``MAX_NEW_TOKENS`` (None = the task's suggestion)."""
     scorer: Literal["auto", "thread", "process", "inline"] = "auto"
     """How the verifier runs (see ``sara.envs.TaskEnv``)."""
     driver: DriverConfig = Field(default_factory=DriverConfig)
@@ -152,13 +156,30 @@ class TrainConfig(SaraModel):
     keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept on disk."""
     out_dir: str | None = None
-    """Output directory (None = ``runs/<name>``)."""
+    """Output directory, a path taken literally (None = ``runs/<name>``). One run at a time writes to it (a lock
+    file, ``.sara.lock``)."""
     threads: int | None = Field(None, ge=1)
     """``torch.set_num_threads`` (None = leave torch's default)."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool | None = None
     """Write TensorBoard events (None = when installed)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_relative(cls, v: str) -> str:
+        if not v.strip() or "\x00" in v or v.startswith(("/", "\\")) or ".." in Path(v).parts:
+            raise ValueError(f"{v!r} is not a run name: the default output directory is runs/<name>, so give a "
+                             "non-empty relative name without '..' (or an output directory with --out)")
+        return v
+
+    @field_validator("out_dir")
+    @classmethod
+    def _out_dir_is_a_path(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or "\x00" in v):
+            raise ValueError("an empty output directory; give a directory (--out DIR), or leave out_dir unset for "
+                             "runs/<name>")
+        return v
 
     @field_validator("driver", mode="before")
     @classmethod
@@ -214,27 +235,48 @@ class TrainConfig(SaraModel):
         return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``key=value`` / ``a.b=value`` overrides (values parsed as YAML scalars) to a nested dict."""
-    import yaml
+def _is_text(model: type[BaseModel] | None, path: Sequence[str]) -> tuple[bool, bool]:
+    """``(text, optional)``: whether the field at ``path`` of ``model`` is a string (``str`` or ``str | None``), and
+    whether it may be None."""
+    for i, part in enumerate(path):
+        info = model.model_fields.get(part) if model is not None else None
+        if info is None:
+            return False, False
+        args = [a for a in get_args(info.annotation)] if get_origin(info.annotation) is not None else []
+        types = [a for a in args if a is not type(None)] or [info.annotation]
+        if i == len(path) - 1:
+            return types == [str], type(None) in args
+        nested = types[0] if len(types) == 1 and isinstance(types[0], type) else None
+        model = nested if nested is not None and issubclass(nested, BaseModel) else None
+    return False, False
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
+                    model: type[BaseModel] | None = None) -> dict[str, Any]:
+    """Apply ``key=value`` / ``a.b=value`` overrides to a nested dict.
+
+    A value for a string field of ``model`` (names, paths, specs) is kept as the text given (``name=12:30``,
+    ``task=a #1``), except that an optional one takes ``null`` for None; any other value is read as YAML 1.2
+    (``sara.configfile.parse_value``: numbers, ``true`` / ``false``, ``null``, flow lists and mappings).
+
+    Raises:
+        ConfigError: a malformed item, a key into a field that is not a section, or a YAML value that is too big.
+    """
+    from sara.configfile import parse_value
 
     out = copy.deepcopy(data)
     for item in overrides:
         key, eq, raw = item.partition("=")
         key = key.strip()
-        if not eq or not key:
+        if not eq or not key or any(not p.strip() for p in key.split(".")):
             raise ConfigError(f"override {item!r} must look like key=value (e.g. --set optim.lr=1e-4)")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
-            try:
-                value = float(value) if any(c in value.lower() for c in ".e") else value
-            except ValueError:
-                pass
+        parts = [p.strip() for p in key.split(".")]
+        text, optional = _is_text(model, parts)
+        if text:
+            value: Any = None if optional and raw.strip() == "null" else raw
+        else:
+            value = parse_value(raw, what=f"override {key!r}")
         node = out
-        parts = key.split(".")
         for p in parts[:-1]:
             nxt = node.get(p)
             if nxt is None:
@@ -247,9 +289,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
-                base: Mapping[str, Any] | None = None) -> TrainConfig:
-    """A ``TrainConfig`` from an optional YAML/JSON file and ``key=value`` overrides (errors name the field)."""
-    import yaml
+                base: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None) -> TrainConfig:
+    """A ``TrainConfig`` from an optional YAML/JSON file, ``key=value`` overrides, then ``values`` (fields set as
+    given, e.g. ``{"out_dir": args.out}``: never parsed). Errors name the field, the file or the override.
+
+    Raises:
+        ConfigError: an unreadable or invalid file (not UTF-8, not YAML, a duplicate key, an alias bomb, not a
+            mapping), a malformed override, or an invalid field value.
+    """
+    from sara.configfile import load_yaml
 
     data: dict[str, Any] = dict(base or {})
     if path is not None:
@@ -258,17 +306,17 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
         except OSError as exc:
             raise ConfigError(f"config {path}: cannot be read ({exc.strerror or exc}); pass an existing YAML/JSON "
                               "file of TrainConfig fields") from None
-        try:
-            loaded = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            raise ConfigError(f"config {path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML or JSON"
                               ) from None
+        loaded = load_yaml(text, what=f"config {path}")
+        if loaded is None:
+            loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path}: expected a mapping of TrainConfig fields at the top level")
         data.update(loaded)
-    data = apply_overrides(data, overrides)
+    data = apply_overrides(data, overrides, model=TrainConfig)
+    data.update(values or {})
     return validate_config(TrainConfig, data, what="train config")
 
 

@@ -1,4 +1,5 @@
-"""What keeps a training run honest and stoppable: SIGINT / SIGTERM handling and verifier health.
+"""What keeps a training run honest and stoppable: SIGINT / SIGTERM handling, verifier health, bounded steps and
+finite weights.
 
 ``StopSignals``: while active, the first SIGINT or SIGTERM only sets ``received`` (the trainer finishes the running
 step, writes a checkpoint and returns); a second one gets the default behaviour (``KeyboardInterrupt`` / termination).
@@ -6,6 +7,12 @@ step, writes a checkpoint and returns); a second one gets the default behaviour 
 ``VerifierHealth``: per step, the verifier errors and timeouts among that step's rollouts (``env/verifier_errors``,
 ``env/verifier_timeouts``), their run totals, and a ``VerifierFailure`` when a step's share exceeds the configured
 limit, naming the verifier and one failing example, so a broken verifier stops the run instead of training on zeros.
+
+``check_step_limit``: a step the driver stopped at ``driver.max_step_rollouts`` (nothing, or nearly nothing, was
+effective) stops the run with a ``StepLimitReached`` naming the step and the likely cause, before it is trained on.
+
+``check_finite``: after a step's update, a non-finite loss or any non-finite weight stops the run with a
+``NonFiniteTraining`` naming the step and the likely cause, before the weights reach the generator or a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,11 +25,61 @@ from sara.config import SaraError
 from sara.envs.task_env import ReportsVerifierFailures
 from sara.step import CollectObserver
 
-__all__ = ["StopSignals", "VerifierHealth", "VerifierFailure"]
+__all__ = ["NonFiniteTraining", "StepLimitReached", "StopSignals", "VerifierFailure", "VerifierHealth",
+           "check_finite", "check_step_limit"]
 
 
 class VerifierFailure(SaraError, RuntimeError):
     """The task's verifier failed (raised or timed out) on too many rollouts; the message names it and an example."""
+
+
+class StepLimitReached(SaraError, RuntimeError):
+    """A step drew ``driver.max_step_rollouts`` rollouts without committing its groups; names the step and why."""
+
+
+class NonFiniteTraining(SaraError, RuntimeError):
+    """A step's loss or the weights after its update are not finite; names the step and the likely cause."""
+
+
+def check_step_limit(stats: Any, step: int, config: Any) -> None:
+    """Stop the run when the driver ended ``step`` (0-based) at its rollout bound (``stop_reason ==
+    "max_step_rollouts"``).
+
+    Raises:
+        StepLimitReached: naming the step, what it drew and committed, and what to check.
+    """
+    if stats.stop_reason != "max_step_rollouts":
+        return
+    raise StepLimitReached(
+        f"step {step + 1} drew {stats.rollouts:,} rollouts, the bound driver.max_step_rollouts, and committed "
+        f"{stats.committed_groups} groups ({stats.effective_groups} effective) of the {config.groups_per_step} asked: "
+        "almost every group is all-correct or all-wrong, so the allocator found nothing to train on. Likely cause: a "
+        "backend or a policy that always fails (or always solves) the task, or a verifier that scores everything "
+        "alike; check them (sara bench generation), or raise driver.max_step_rollouts")
+
+
+def check_finite(step: int, metrics: dict[str, float], policy: Any, config: Any) -> None:
+    """Stop the run when step ``step`` (0-based) left a non-finite loss or non-finite weights.
+
+    Raises:
+        NonFiniteTraining: naming the step, what is not finite, and the likely cause.
+    """
+    import math
+
+    import torch
+
+    loss = metrics.get("algo/loss", 0.0)
+    bad = sum(1 for p in policy.parameters() if not bool(torch.isfinite(p.detach()).all()))
+    if bad == 0 and math.isfinite(loss):
+        return
+    o = config.optim
+    what = [f"the loss is {loss}"] if not math.isfinite(loss) else []
+    what += [f"{bad} weight tensors hold nan or inf after the update"] if bad else []
+    raise NonFiniteTraining(
+        f"step {step + 1}: {' and '.join(what)} (grad norm {metrics.get('algo/grad_norm', float('nan')):g}); the "
+        f"weights were not sent to the generator nor checkpointed. Likely cause: a learning rate too large for this "
+        f"model (optim.lr={o.lr:g}, optim.grad_clip={o.grad_clip}) or rewards / advantages out of range; lower "
+        "optim.lr or set optim.grad_clip, then --resume from the last checkpoint")
 
 
 class StopSignals:

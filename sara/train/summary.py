@@ -1,10 +1,14 @@
-"""``RunSummary``: what a training run achieved (``sara train`` prints it; ``sara matrix`` tabulates it)."""
+"""``RunSummary``: what a training run achieved (``sara train`` prints it; ``sara matrix`` tabulates it), and the
+files it wrote."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-__all__ = ["RunSummary", "peak_rss_mb"]
+__all__ = ["RunSummary", "peak_rss_mb", "summarize", "run_files"]
 
 
 def peak_rss_mb() -> float:
@@ -50,10 +54,58 @@ class RunSummary:
     """The signal (``"SIGINT"`` / ``"SIGTERM"``) that stopped the run early, after a final checkpoint; None if it was
     not interrupted."""
     checkpoint: str | None = None
-    """The last checkpoint written (None if none could be written)."""
+    """The last checkpoint written (None if none was: ``checkpoint_every: 0`` writes one only when a signal stops
+    the run, so that it can be resumed)."""
+    files: list[str] = field(default_factory=list)
+    """Every file the run left in ``out_dir``, relative to it (``run_files``); filled by ``Trainer.train``."""
     peak_rss_mb: float = float("nan")
     """The process's peak resident memory in MiB when the summary was made (the run's, in a ``sara train`` process)."""
 
     @property
     def effective_fraction(self) -> float:
         return self.effective_groups / self.committed_groups if self.committed_groups else 0.0
+
+
+def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
+    """The ``RunSummary`` of ``trainer`` (a ``sara.train.Trainer``) so far.
+
+    Args:
+        trainer: The trainer, after ``train`` or after ``train_step`` calls by hand (its ``wall_seconds`` counts
+            every step either way).
+        records: The run's JSONL records; when None, the evaluations the trainer ran (``trainer.evals``).
+    """
+    evals = [r for r in (records or trainer.evals) if "eval/acc_sample" in r]
+    first, last = (evals[0], evals[-1]) if evals else ({}, {})
+    t, cfg = trainer.totals, trainer.config
+    p_mixed = trainer.outcomes.p_mixed()
+    ds = t["effective_groups"] * cfg.k / p_mixed if p_mixed > 0 else float("nan")
+    return RunSummary(
+        name=cfg.name, algo=cfg.algo, allocator=cfg.allocator, steps=trainer.step,
+        acc_before=float(first.get("eval/acc_sample", float("nan"))),
+        acc_after=float(last.get("eval/acc_sample", float("nan"))),
+        greedy_before=first.get("eval/acc_greedy"), greedy_after=last.get("eval/acc_greedy"),
+        rollouts=int(t["rollouts"]), tokens=int(t["tokens"]), effective_groups=int(t["effective_groups"]),
+        committed_groups=int(t["committed_groups"]), p_mixed=p_mixed, ds_rollouts_estimate=ds,
+        wall_seconds=trainer.wall_seconds, out_dir=str(trainer.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
+        ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
+        verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
+        checkpoint=None if trainer.last_checkpoint is None else str(trainer.last_checkpoint), peak_rss_mb=peak_rss_mb())
+
+
+def run_files(out_dir: str | Path, *, max_listed: int = 4) -> list[str]:
+    """Every file under ``out_dir``, relative to it and sorted; a sub-directory with more than ``max_listed`` files
+    (TensorBoard's event files, many checkpoints) is one entry ``"dir/ (N files)"``."""
+    root = Path(out_dir)
+    if not root.is_dir():
+        return []
+    out: list[str] = []
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir():
+            files = sorted(p for p in entry.rglob("*") if p.is_file())
+            if len(files) > max_listed:
+                out.append(f"{entry.name}/ ({len(files)} files)")
+            else:
+                out += [p.relative_to(root).as_posix() for p in files]
+        elif entry.is_file():
+            out.append(entry.name)
+    return out

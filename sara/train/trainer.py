@@ -32,9 +32,11 @@ from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
 from sara.train.bank import SurplusBank
 from sara.train.config import TrainConfig, default_threads
-from sara.train.guards import VerifierHealth
+from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
-from sara.train.summary import RunSummary, peak_rss_mb
+from sara.train.resume import check_resume
+from sara.train.rundir import RunLock, releases_run_lock
+from sara.train.summary import RunSummary, peak_rss_mb, run_files, summarize
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
 
@@ -48,6 +50,7 @@ class Trainer:
         verbose: Print setup messages (warm start, resume).
     """
 
+    @releases_run_lock
     def __init__(self, config: TrainConfig | Mapping[str, Any] | None = None, *, resume: bool = False,
                  verbose: bool = False) -> None:
         import torch
@@ -58,7 +61,7 @@ class Trainer:
         from sara.backends import BACKENDS
         from sara.envs.base import SamplingConfig
         from sara.envs.tasks import make_task
-        from sara.envs.tasks.scoring import BatchScorer
+        from sara.envs.tasks.scoring import BatchScorer, scorer_mode
         from sara.policies import POLICIES
         from sara.priors.grouped import prompt_groups
         from sara.samplers import make_sampler
@@ -68,17 +71,19 @@ class Trainer:
                                                                               what="train config")
         self.config = cfg
         self.out_dir = cfg.output_dir
+        self._run_lock = RunLock(self.out_dir)  # one run per directory; released by close()
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         self.algo = make_algo(cfg.algo)
         self.task = make_task(cfg.task)
+        mode = scorer_mode(cfg.scorer, self.task)  # a verifier that is not thread-safe runs in worker processes
         if not self.task.eval_prompts and verbose:
             print(f"sara: note: task {self.task.id!r} has no held-out prompts: no evaluation (eval/* metrics); hold "
                   "some out with the task option eval_size=N", file=sys.stderr, flush=True)
         policy_name, policy_options = cfg.component("policy")
         backend_name, backend_options = cfg.component("backend")
-        policy_factory = _lookup(POLICIES, policy_name, "policy")
-        backend_factory = _lookup(BACKENDS, backend_name, "backend")
+        policy_factory = POLICIES.factory(policy_name, what="train config: field 'policy'")  # kind-checked
+        backend_factory = BACKENDS.factory(backend_name, what="train config: field 'backend'")
         if cfg.ray.enabled:  # ray.num_workers copies of the backend on Ray actors (sara.backends.ray)
             from sara.backends.ray.pool import ray_backend_factory
 
@@ -95,7 +100,6 @@ class Trainer:
         sampling = SamplingConfig(temperature=cfg.temperature,
                                   max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
                                   stop=self.task.stop)
-        mode = cfg.scorer if cfg.scorer != "auto" else ("thread" if self.task.thread_safe else "process")
         self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
         self.allocator = make_allocator(cfg.allocator, k=cfg.k)
         self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
@@ -121,7 +125,8 @@ class Trainer:
         if resume:
             from sara.train.checkpoint import resume_checkpoint
 
-            path, state, self.skipped_checkpoints = resume_checkpoint(self.out_dir / "checkpoints")
+            path, state, self.skipped_checkpoints = resume_checkpoint(self.out_dir / "checkpoints",
+                                                                      check=lambda p, s: check_resume(self, p, s))
             for msg in self.skipped_checkpoints:
                 print(f"sara: warning: {msg}; skipped it", file=sys.stderr, flush=True)
             if path is not None and state is not None:
@@ -152,6 +157,7 @@ class Trainer:
                                  observers=[self.verifier_health], policy_version=self.version)
                 self._carry = result.carry
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
+                check_step_limit(result.stats, self.step, cfg)  # so does a step where nothing was effective
             # 2. Advantages: the batch (banked surplus + this step's groups), rollout-time log-probs (old, reference),
             # values, then the algorithm's estimator.
             with timer("advantages"):
@@ -163,6 +169,7 @@ class Trainer:
             with timer("update"):
                 algo_metrics = (learner.update(batch, advantages, returns, extra, step=self.step)
                                 if batch is not None else {})
+                check_finite(self.step, algo_metrics, self.policy, cfg)  # before the weights go anywhere
             # 5. Weight sync: the generator samples the next step with the new weights.
             with timer("sync"):
                 if batch is not None:
@@ -174,6 +181,7 @@ class Trainer:
             self.totals["verifier_errors"] += health["env/verifier_errors"]
             self.totals["verifier_timeouts"] += health["env/verifier_timeouts"]
         metrics.update(timer.metrics())
+        self.wall_seconds += metrics["time/step"]  # so summary() is right when stepping by hand
         return metrics
 
     # ------------------------------------------------------------------------------------------ the run loop
@@ -204,6 +212,7 @@ class Trainer:
             pass
         summary = self.summary(records)
         summary.interrupted = stop.received
+        summary.files = run_files(self.out_dir)
         return summary
 
     def _loop(self, total: int, logger: Any, stop: Any) -> None:
@@ -212,8 +221,8 @@ class Trainer:
             if self.step == 0:
                 logger.log(0, {**self.evaluate(), **self._cumulative()})
             while self.step < total and not self.budget_spent() and stop.received is None:
+                metrics = self.train_step()  # adds its own seconds to wall_seconds
                 t0 = time.perf_counter()
-                metrics = self.train_step()
                 if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step >= total or self.budget_spent():
                     metrics.update(self.evaluate())
                 metrics.update(self._cumulative())
@@ -225,7 +234,8 @@ class Trainer:
                 logger.log(self.step, metrics)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
-            self.save()
+            if cfg.checkpoint_every or stop.received is not None:  # checkpoints only when asked (or to --resume)
+                self.save()
         finally:
             logger.close()
 
@@ -292,23 +302,9 @@ class Trainer:
         return out
 
     def summary(self, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
-        """Before/after accuracy (from the JSONL records when given), rollouts, tokens, and the DS estimate."""
-        evals = [r for r in (records or self.evals) if "eval/acc_sample" in r]
-        first, last = (evals[0], evals[-1]) if evals else ({}, {})
-        t = self.totals
-        p_mixed = self.outcomes.p_mixed()
-        ds = t["effective_groups"] * self.config.k / p_mixed if p_mixed > 0 else float("nan")
-        return RunSummary(
-            name=self.config.name, algo=self.config.algo, allocator=self.config.allocator, steps=self.step,
-            acc_before=float(first.get("eval/acc_sample", float("nan"))),
-            acc_after=float(last.get("eval/acc_sample", float("nan"))),
-            greedy_before=first.get("eval/acc_greedy"), greedy_after=last.get("eval/acc_greedy"),
-            rollouts=int(t["rollouts"]), tokens=int(t["tokens"]), effective_groups=int(t["effective_groups"]),
-            committed_groups=int(t["committed_groups"]), p_mixed=p_mixed, ds_rollouts_estimate=ds,
-            wall_seconds=self.wall_seconds, out_dir=str(self.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
-            ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
-            verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
-            checkpoint=None if self.last_checkpoint is None else str(self.last_checkpoint), peak_rss_mb=peak_rss_mb())
+        """Before/after accuracy (from the JSONL records when given, else from the evaluations run so far),
+        rollouts, tokens, wall seconds and the DS estimate (``sara.train.summary.summarize``)."""
+        return summarize(self, records)
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -347,19 +343,19 @@ class Trainer:
                   file=sys.stderr, flush=True)
             return None
         self._saved_step, self.last_checkpoint = self.step, path
-        ck.prune_checkpoints(directory, self.config.keep_checkpoints)
+        ck.prune_checkpoints(directory, self.config.keep_checkpoints, current=path)
         return path
 
     def load(self, path: str | Path) -> None:
-        """Restore a checkpoint written by ``save`` (verified; no code in it runs)."""
+        """Restore a checkpoint written by ``save`` (verified and validated, ``sara.train.resume``; no code runs)."""
         from sara.train.checkpoint import load_checkpoint
 
-        self.load_state_dict(load_checkpoint(path))
+        self.load_state_dict(check_resume(self, Path(path), load_checkpoint(path)))
         self.resumed_from = self.last_checkpoint = Path(path)
         self._saved_step = self.step
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what ``state_dict`` returned and push the weights to the generator."""
+        """Restore what ``state_dict`` returned and push the weights to the generator (unchecked: ``load`` checks)."""
         from sara.train.checkpoint import set_rng_state
 
         self.learner.load_state_dict(state["learner"])
@@ -384,16 +380,10 @@ class Trainer:
                 env.close()
         self.scorer.close()
         self.backend.close()
+        self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _lookup(registry: Any, name: str, what: str) -> Any:
-    try:
-        return registry.get(name)
-    except KeyError as exc:
-        raise ConfigError(f"train config: field '{what}': {exc.args[0]}") from None

@@ -24,12 +24,14 @@ from typing import Any
 
 from sara.config import ConfigError, parse_spec
 from sara.envs.tasks.base import Task, Verifier
-from sara.registry import Registry
+from sara.registry import Registry, returns
 
 __all__ = ["TASKS", "Task", "Verifier", "make_task", "register_task", "task_ids"]
 
-TASKS: Registry[Callable[..., Task]] = Registry("task")
-"""Task id -> factory ``(**options) -> Task``."""
+TASKS: Registry[Callable[..., Task]] = Registry(
+    "task", accepts=returns(Task), expects="a function annotated '-> sara.envs.tasks.Task'")
+"""Task id -> factory ``(**options) -> Task``. A ``"module:attr"`` task must be annotated to return a ``Task`` (or be
+marked ``@sara.registry.entry_point("task")``): it is kind-checked before it is called."""
 
 _ID = re.compile(r"^(?:[A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]+-v(?:0|[1-9][0-9]*)$")
 

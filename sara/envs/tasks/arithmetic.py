@@ -8,13 +8,16 @@ small pretrained LLM (SmolLM2-135M) answers with a bare number.
 
 Verifier: leading whitespace is skipped, the completion is read up to the first whitespace (a model may stop with a
 newline or EOS), and that token must be an ASCII integer (optional leading ``-``, at most ``MAX_ANSWER_CHARS``
-characters; leading zeros are accepted) equal to the answer. Only the first ``MAX_SCAN_CHARS`` characters are looked
-at, so any completion is scored in microseconds.
+characters; leading zeros are accepted) exactly equal to the answer (a gold that is not a whole number, ``168.9``,
+matches nothing). The token must start within the first ``MAX_SCAN_CHARS`` characters, and at most
+``MAX_ANSWER_CHARS + 1`` characters of it are read (a longer token is no answer, never its head), so any completion
+is scored in microseconds.
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -55,13 +58,27 @@ def verify(completion: str, *, answer: int) -> float:
     """
     if not isinstance(completion, str):
         return 0.0
-    head = completion[:MAX_SCAN_CHARS].split(maxsplit=1)
+    window = completion[:MAX_SCAN_CHARS]
+    start = len(window) - len(window.lstrip())
+    if start >= MAX_SCAN_CHARS:
+        return 0.0
+    head = completion[start:start + MAX_ANSWER_CHARS + 1].split(maxsplit=1)
     if not head:
         return 0.0
     token = head[0]
     if len(token) > MAX_ANSWER_CHARS or not _INT.fullmatch(token):
         return 0.0
-    return 1.0 if int(token) == int(answer) else 0.0
+    gold = answer if isinstance(answer, int) and not isinstance(answer, bool) else _whole(answer)
+    return 1.0 if gold is not None and int(token) == gold else 0.0
+
+
+def _whole(answer: object) -> int | None:
+    """A gold answer given as a float or a string, as the whole number it is (None: not a whole number)."""
+    try:
+        value = Fraction(answer if isinstance(answer, (float, str)) else str(answer))  # type: ignore[arg-type]
+    except (ValueError, TypeError, OverflowError, ZeroDivisionError):
+        return None
+    return int(value) if value.denominator == 1 else None
 
 
 class ArithmeticConfig(SaraModel):

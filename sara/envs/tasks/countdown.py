@@ -4,8 +4,8 @@ Instances are Countdown-Tasks-3to4 style: 3-4 numbers and a target, built from a
 so every instance is solvable (one solution is kept in ``Prompt.metadata["solution"]``). The prompt asks for the
 equation inside ``<answer> </answer>`` tags.
 
-The verifier never evaluates model text as code. It takes the content of the LAST ``<answer>...</answer>`` pair,
-checks its length and characters, parses it with ``ast`` (parsing executes nothing) and walks the tree, accepting
+The verifier never evaluates model text as code. It takes the content of the LAST ``<answer>...</answer>`` pair
+(checking its length before copying it), checks its characters, parses it with ``ast`` (parsing executes nothing) and walks the tree, accepting
 only integer literals, binary ``+ - * /`` and parentheses (no unary minus, no ``**``/``//``, no names or calls), then
 computes the value with exact rational arithmetic (``fractions.Fraction``). Each given number must be used exactly
 once (a multiset: ``[5, 5, 3]`` needs both 5s). Bounded: ``MAX_EXPR_CHARS`` characters and ``MAX_DEPTH`` nested
@@ -57,18 +57,31 @@ BASE_TEMPLATE = ("A conversation between User and Assistant. The user asks a que
 """Template for base (non-chat) models, as in TinyZero."""
 
 _CHARS = re.compile(r"[0-9+\-*/() \t\n]*", re.ASCII)
+_NON_SPACE = re.compile(r"\S")
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
-def extract_answer(completion: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` pair, or ``None``."""
+def extract_answer(completion: str, max_chars: int | None = None) -> str | None:
+    """Content of the last ``<answer>...</answer>`` pair, or ``None``.
+
+    With ``max_chars``, the content is returned stripped of surrounding whitespace, and ``None`` when it is longer
+    than that; nothing longer is ever copied (a 10**9-character answer costs a scan, not a copy).
+    """
     end = completion.rfind(CLOSE)
     if end < 0:
         return None
     start = completion.rfind(OPEN, 0, end)
     if start < 0:
         return None
-    return completion[start + len(OPEN):end]
+    start += len(OPEN)
+    if max_chars is None:
+        return completion[start:end]
+    first = _NON_SPACE.search(completion, start, end)
+    if first is None:
+        return ""
+    if _NON_SPACE.search(completion, first.start() + max_chars, end) is not None:
+        return None
+    return completion[first.start():min(end, first.start() + max_chars)].rstrip()
 
 
 def _paren_depth(text: str) -> int:
@@ -133,7 +146,7 @@ def verify(completion: str, *, numbers: Sequence[int], target: int, format_score
     """
     if not isinstance(completion, str):
         return 0.0
-    content = extract_answer(completion)
+    content = extract_answer(completion, MAX_EXPR_CHARS)
     if content is None:
         return 0.0
     result = evaluate_expression(content)

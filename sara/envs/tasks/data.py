@@ -38,8 +38,11 @@ class DataConfig(SaraModel):
 def load_records(path: str | os.PathLike[str], *, what: str) -> list[dict[str, Any]]:
     """Records of a ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file.
 
+    A data file is untrusted: invalid UTF-8, invalid JSON, JSON nested too deeply and integers too long to convert
+    are all one-line errors naming the file (and the line of a ``.jsonl``).
+
     Raises:
-        ConfigError: Missing file, unknown extension, or a malformed line (the message names the file and line).
+        ConfigError: Missing file, unknown extension, or a malformed file or line (the message names the file and line).
     """
     p = Path(path)
     if not p.is_file():
@@ -47,20 +50,26 @@ def load_records(path: str | os.PathLike[str], *, what: str) -> list[dict[str, A
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
         records = []
-        with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{what}: {p}:{lineno}: invalid JSON ({exc.msg})") from None
-                if not isinstance(rec, dict):
-                    raise ConfigError(f"{what}: {p}:{lineno}: expected a JSON object per line")
-                records.append(rec)
+        lineno = 0
+        try:
+            with p.open(encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):  # noqa: B007 - lineno names the line of an error
+                    if not line.strip():
+                        continue
+                    rec = _json(line, f"{what}: {p}:{lineno}")
+                    if not isinstance(rec, dict):
+                        raise ConfigError(f"{what}: {p}:{lineno}: expected a JSON object per line")
+                    records.append(rec)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{what}: {p}:{lineno + 1}: not UTF-8 text (byte {exc.start} of the chunk read); save "
+                              "the file as UTF-8") from None
         return records
     if suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{what}: {p}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
+        data = _json(text, f"{what}: {p}")
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise ConfigError(f"{what}: {p}: expected a JSON list of objects")
         return data
@@ -74,6 +83,18 @@ def load_records(path: str | os.PathLike[str], *, what: str) -> list[dict[str, A
         except Exception as exc:  # pyarrow.ArrowInvalid & co: not a parquet file, truncated, ...
             raise ConfigError(f"{what}: {p}: not a readable parquet file ({exc})") from None
     raise ConfigError(f"{what}: unsupported data file {p.name!r}; use .jsonl, .json or .parquet")
+
+
+def _json(text: str, where: str) -> Any:
+    """``json.loads(text)``; any failure is a ``ConfigError`` starting with ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer literal over Python's int-to-str limit
+        raise ConfigError(f"{where}: invalid JSON ({str(exc)[:120]})") from None
 
 
 def load_hf_offline(name: str, config: str | None, split: str, *, what: str) -> list[dict[str, Any]]:

@@ -9,9 +9,15 @@ end) is compared with the gold answer by ``math-verify`` (gold wrapped as ``\\bo
 is asymmetric and the gold goes first). Cheap guards run first so adversarial input never reaches sympy: the boxed
 content has at most ``MAX_BOXED_CHARS`` characters and ``MAX_BRACE_DEPTH`` nested braces, no nested exponents
 (``9^{9^{9}}``), exponents of at most ``MAX_EXPONENT_DIGITS`` digits, numbers of at most ``MAX_NUMBER_DIGITS``
-digits, and no factorial of a number above ``MAX_FACTORIAL``. math-verify's own timeouts use ``signal.alarm`` (main
-thread only): in the main thread they are set to 1 s; elsewhere they are off and the batch scorer's time limit
-applies. The task is marked not thread-safe, so ``TaskEnv`` scores it in worker processes that can be killed.
+digits, and no factorial of a number above ``MAX_FACTORIAL``. Those guards cannot catch everything sympy may expand
+(``(x+y+z+1)^{9999}``, ``\\Gamma(9999^{9999})``), so ``verify`` is marked not thread-safe (``verify.thread_safe =
+False``): the batch scorer runs it only in worker processes, which are killed past the time limit and capped in memory
+(``sara.envs.tasks.workers``), and refuses the thread and inline modes for it. math-verify's own timeouts use
+``signal.alarm`` (main thread only): in the main thread (a worker's calls run there) they are set to 1 s.
+
+An equation is an answer only when its sides agree: when the gold answer has no ``=`` and the boxed content does,
+every side without a variable (letters outside LaTeX commands) must equal the gold too (``\\boxed{6=5}`` is not 5,
+``\\boxed{2+4=6}`` is 6), while ``\\boxed{x=5}`` is still read as 5.
 
 AIME verifier: the last boxed content must be an integer (ASCII digits, optional sign) equal to the gold; no sympy,
 thread-safe.
@@ -48,6 +54,7 @@ MAX_EXPONENT_DIGITS = 4
 MAX_NUMBER_DIGITS = 64
 MAX_FACTORIAL = 1000
 MAX_INTEGER_CHARS = 12
+MAX_EQUATION_SIDES = 4
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 _BOXED = ("\\boxed", "\\fbox")
@@ -85,6 +92,8 @@ _NESTED_EXP = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\([^()]*\^|\^\s*[0-9A-Za-z.]*\^|
 _EXPONENT = re.compile(r"(?:\^|\*\*)\s*\{?\s*\(?\s*-?\s*([0-9]+)")
 _DIGITS = re.compile(r"[0-9]+")
 _FACTORIAL = re.compile(r"([0-9]+)\s*\)?\s*!")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_LETTER = re.compile(r"[A-Za-z]")
 _HEAVY = ("\\int", "\\sum", "\\prod", "\\lim", "\\oint", "\\iint", "factorial", "binomial", "\\binom")
 """LaTeX commands sympy would try to evaluate (never in a final MATH answer)."""
 
@@ -151,10 +160,21 @@ def verify(completion: str, *, answer: str) -> float:
     gold = _gold(str(answer))
     if not gold:
         return 0.0
-    pred = parse("\\boxed{" + content + "}", **_timeouts("parsing_timeout"))
-    if not pred:
-        return 0.0
-    return 1.0 if mv_verify(gold, pred, **_timeouts("timeout_seconds")) else 0.0
+
+    def equal(text: str) -> bool:
+        pred = parse("\\boxed{" + text + "}", **_timeouts("parsing_timeout"))
+        return bool(pred) and bool(mv_verify(gold, pred, **_timeouts("timeout_seconds")))
+
+    sides = content.split("=")
+    if len(sides) > 1 and "=" not in str(answer):  # an equation: each side without a variable must be the answer too
+        if len(sides) > MAX_EQUATION_SIDES:
+            return 0.0
+        if not all(equal(side) for side in sides[:-1] if not _LETTER.search(_COMMAND.sub("", side))):
+            return 0.0
+    return 1.0 if equal(content) else 0.0
+
+
+verify.thread_safe = False  # type: ignore[attr-defined]  # sympy's work is bounded only in a worker process
 
 
 def verify_integer(completion: str, *, answer: int | str) -> float:
@@ -185,8 +205,11 @@ class MathConfig(DataConfig):
 
 
 def _gold_of(rec: dict[str, Any]) -> str | None:
-    if rec.get("answer") is not None and str(rec["answer"]).strip():
-        return str(rec["answer"]).strip()
+    answer = rec.get("answer")
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = repr(answer)
+    if isinstance(answer, str) and answer.strip():
+        return answer.strip()
     if isinstance(rec.get("solution"), str):
         return last_boxed(rec["solution"])
     return None
@@ -200,8 +223,9 @@ def _prompts(records: list[dict[str, Any]], split: str, prefix: str, what: str, 
         if not isinstance(problem, str) or gold is None:
             raise ConfigError(f"{what}: record {i} of the {split} split needs 'problem' and 'answer' (or a "
                               "'solution' with \\boxed{})")
-        if integer and not re.fullmatch(r"-?[0-9]+", gold):
-            raise ConfigError(f"{what}: record {i} of the {split} split: AIME answers must be integers, got {gold!r}")
+        if integer and not re.fullmatch(r"-?[0-9]{1,%d}" % MAX_INTEGER_CHARS, gold, re.ASCII):  # noqa: UP031
+            raise ConfigError(f"{what}: record {i} of the {split} split: AIME answers must be integers of at most "
+                              f"{MAX_INTEGER_CHARS} digits, got {gold[:40]!r}")
         meta = {k: rec[k] for k in ("level", "type", "source", "year") if k in rec}
         out.append(Prompt(id=str(rec.get("id", f"{prefix}-{split}-{i:06d}")), prompt=problem,
                           answer={"answer": int(gold) if integer else gold}, metadata={"split": split, **meta}))

@@ -110,6 +110,13 @@ class MixtureVerifier:
     def __init__(self, verifiers: Sequence[Any]) -> None:
         self.verifiers = tuple(verifiers)
 
+    @property
+    def thread_safe(self) -> bool:
+        """Whether every component verifier may run in a thread (``sara.envs.tasks.scoring.verifier_thread_safe``)."""
+        from sara.envs.tasks.scoring import verifier_thread_safe
+
+        return all(verifier_thread_safe(v) for v in self.verifiers)
+
     def __call__(self, completion: str, **answer: Any) -> float | None:
         index = answer.pop(COMPONENT_KEY)
         return self.verifiers[int(index)](completion, **answer)

@@ -1,4 +1,4 @@
-"""Batch scoring of untrusted completions with a per-call time limit.
+"""Batch scoring of untrusted completions with a per-call time limit (and, in worker processes, a memory limit).
 
 ``BatchScorer(verifier, mode=..., timeout_s=...)`` scores many ``(completion, answer_fields)`` pairs. Whatever a
 verifier does, scoring never raises: a call that raises, returns something that is not a finite number (or ``None``),
@@ -6,43 +6,76 @@ or runs past ``timeout_s`` gets reward 0 and is counted (``ScoreResult.status`` 
 
 Modes:
     ``"thread"``: calls run one after another in a helper thread that the caller watches; a call past its limit is
-        abandoned (Python cannot kill a thread: it keeps running in the background until it returns, so use this only
-        for verifiers that bound their own work, as the built-in ones do) and the rest of the batch continues in a
-        fresh helper thread.
-    ``"process"``: calls run in persistent worker processes (``workers`` of them); a worker past its limit is killed
-        and replaced. Use it for verifiers that are not thread-safe or may hang: math-verify's own timeouts use
-        ``signal.alarm``, which only works in a main thread (each worker's calls run in its main thread). The verifier
-        must be picklable (a module-level function or a ``functools.partial`` of one), and scripts need the usual
-        ``if __name__ == "__main__":`` guard of ``multiprocessing``'s spawn start method.
-    ``"inline"``: plain calls in the caller's thread, exceptions caught, no time limit (tests, trusted verifiers).
+        abandoned (Python cannot kill a thread: it keeps running in the background until it returns, and a call that
+        holds the GIL in C code, a huge integer power say, stalls the whole process) and the rest of the batch
+        continues in a fresh helper thread. Only for verifiers that bound their own work in time and memory, as the
+        built-in thread-safe ones do (``verifier_thread_safe``).
+    ``"process"``: calls run in persistent worker processes (``workers`` of them, ``sara.envs.tasks.workers``); a
+        worker past its time limit is killed and replaced, a worker may use at most ``memory_mb`` MiB more than it
+        holds after importing the verifier, and workers ignore Ctrl-C. Needed for verifiers that are not thread-safe
+        or may not bound their work: math-verify's own timeouts use ``signal.alarm``, which only works in a main
+        thread (each worker's calls run in its main thread). The verifier must be picklable (a module-level function
+        or a ``functools.partial`` of one), and scripts need the usual ``if __name__ == "__main__":`` guard of
+        ``multiprocessing``'s spawn start method.
+    ``"inline"``: plain calls in the caller's thread, exceptions caught, no time limit (tests, and verifiers that
+        bound their own work).
+
+A verifier that is not thread-safe (``thread_safe = False`` on the function, e.g. ``sara.envs.tasks.math.verify``)
+is refused in the ``thread`` and ``inline`` modes: only worker processes bound it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing as mp
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.connection import wait as wait_connections
 from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["BatchScorer", "ScoreResult", "OK", "NOT_APPLICABLE", "ERROR", "TIMEOUT", "score_batch"]
+from sara.config import ConfigError
+from sara.envs.tasks.workers import WorkerPool
+
+__all__ = ["BatchScorer", "ScoreResult", "OK", "NOT_APPLICABLE", "ERROR", "TIMEOUT", "score_batch", "scorer_mode",
+           "verifier_thread_safe"]
 
 OK, NOT_APPLICABLE, ERROR, TIMEOUT = 0, 1, 2, 3
 """Per-item status codes of ``ScoreResult.status``."""
 
 Mode = Literal["thread", "process", "inline"]
 _MAX_ERRORS_KEPT = 8
-_BOOT_TIMEOUT_S = 120.0
-_BOOT_ERROR = ("BatchScorer: a verifier worker did not start (is the verifier picklable, and is the script guarded by "
-               "if __name__ == '__main__'?)")
+MEMORY_MB = 2048
+"""Default memory a verifier worker process may add once started, in MiB."""
+
+
+def verifier_thread_safe(verifier: Any) -> bool:
+    """Whether ``verifier`` may run in a thread: its ``thread_safe`` attribute (through ``functools.partial``),
+    True when it has none."""
+    while isinstance(verifier, functools.partial):
+        verifier = verifier.func
+    return bool(getattr(verifier, "thread_safe", True))
+
+
+def scorer_mode(requested: str, task: Any) -> Mode:
+    """The scoring mode of ``task`` for the setting ``requested`` (``auto``: ``thread`` for a thread-safe task, else
+    ``process``).
+
+    Raises:
+        ConfigError: ``thread`` or ``inline`` for a task whose verifier is not thread-safe (naming the field).
+    """
+    safe = task.thread_safe and verifier_thread_safe(task.verifier)
+    if requested == "auto":
+        return "thread" if safe else "process"
+    if requested in ("thread", "inline") and not safe:
+        raise ConfigError(f"train config: field 'scorer': task {task.id!r} has a verifier that is not thread-safe "
+                          f"(it can run unbounded in time and memory outside a worker process), so scorer="
+                          f"{requested} cannot bound it; use scorer=auto or scorer=process")
+    return requested  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -126,63 +159,6 @@ class _ThreadRun:
         self.done.set()
 
 
-def _worker_main(conn: Connection, verifier: Callable[..., Any]) -> None:
-    """Worker process loop: ``(index, completion, answer)`` in, ``(index, status, value)`` out; ``None`` stops."""
-    conn.send("ready")  # the verifier is unpickled (its module imported): item timing can start
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        idx, completion, answer = msg
-        conn.send((idx, *_call(verifier, completion, answer)))
-
-
-class _Worker:
-    def __init__(self, ctx: Any, verifier: Callable[..., Any]) -> None:
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, verifier), daemon=True, name="sara-verifier")
-        self.proc.start()
-        child.close()
-        self.item: int | None = None
-        self.started = 0.0
-        self.born = time.monotonic()
-        self.ready = False
-
-    def wait_ready(self, timeout: float) -> bool:
-        """Block until the worker has imported the verifier (not counted in any call's time limit)."""
-        if not self.ready:
-            try:
-                self.ready = self.conn.poll(timeout) and self.conn.recv() == "ready"
-            except (EOFError, OSError):
-                self.ready = False
-        return self.ready
-
-    def submit(self, idx: int, completion: str, answer: Mapping[str, Any]) -> None:
-        self.item, self.started = idx, time.monotonic()
-        self.conn.send((idx, completion, dict(answer)))
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.join(timeout=5)
-        finally:
-            self.conn.close()
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(None)
-            self.proc.join(timeout=2)
-        except (OSError, ValueError, BrokenPipeError):
-            pass
-        if self.proc.is_alive():
-            self.kill()
-        else:
-            self.conn.close()
-
-
 class BatchScorer:
     """Scores batches of completions with one verifier, safely (see the module docstring).
 
@@ -193,22 +169,31 @@ class BatchScorer:
         workers: Worker processes (``process`` mode); default ``min(2, cpu_count)``.
         mp_context: ``multiprocessing`` start method for workers (``"spawn"`` is safe in processes that run threads,
             e.g. torch or Ray; ``"forkserver"`` restarts faster).
+        memory_mb: Memory a worker process may add once started, in MiB (``process`` mode; None = unbounded).
+
+    Raises:
+        ValueError: an unknown mode, a non-positive time limit, or ``thread`` / ``inline`` for a verifier that is
+            not thread-safe.
     """
 
     def __init__(self, verifier: Callable[..., Any], *, mode: Mode = "thread", timeout_s: float = 1.0,
-                 workers: int | None = None, mp_context: str = "spawn") -> None:
+                 workers: int | None = None, mp_context: str = "spawn", memory_mb: int | None = MEMORY_MB) -> None:
         if mode not in ("thread", "process", "inline"):
             raise ValueError(f"BatchScorer: field 'mode' must be 'thread', 'process' or 'inline', got {mode!r}")
-        if not timeout_s > 0:
-            raise ValueError(f"BatchScorer: field 'timeout_s' must be > 0, got {timeout_s!r}")
+        if not timeout_s > 0 or not math.isfinite(timeout_s):
+            raise ValueError(f"BatchScorer: field 'timeout_s' must be > 0 and finite, got {timeout_s!r}")
         if not callable(verifier):
             raise TypeError("BatchScorer: verifier must be callable")
+        if mode != "process" and not verifier_thread_safe(verifier):
+            raise ValueError(f"BatchScorer: field 'mode': verifier {getattr(verifier, '__qualname__', verifier)!r} is "
+                             f"not thread-safe and only worker processes bound it in time and memory; use "
+                             f"mode='process' (not {mode!r})")
         self.verifier = verifier
         self.mode: Mode = mode
         self.timeout_s = float(timeout_s)
         self.num_workers = max(1, workers if workers is not None else min(2, os.cpu_count() or 1))
-        self._ctx = mp.get_context(mp_context) if mode == "process" else None
-        self._workers: list[_Worker] = []
+        self._pool = WorkerPool(mp.get_context(mp_context), verifier, _call, self.num_workers, memory_mb) \
+            if mode == "process" else None
         self._counts = {"calls": 0, "errors": 0, "timeouts": 0, "not_applicable": 0, "worker_restarts": 0}
         self._seconds = 0.0
 
@@ -228,7 +213,9 @@ class BatchScorer:
             elif self.mode == "thread":
                 self._score_threaded(completions, answers, status, values)
             else:
-                self._score_processes(completions, answers, status, values)
+                assert self._pool is not None
+                self._pool.score(completions, answers, status, values, self.timeout_s)
+                self._counts["worker_restarts"] = self._pool.restarts
         self._seconds += time.perf_counter() - t0
         ok = status == OK
         rewards = np.array([v if s == OK else 0.0 for v, s in zip(values, status)], np.float64)
@@ -249,9 +236,8 @@ class BatchScorer:
 
     def close(self) -> None:
         """Stop worker processes (a later ``score`` starts new ones)."""
-        workers, self._workers = self._workers, []
-        for w in workers:
-            w.stop()
+        if self._pool is not None:
+            self._pool.close()
 
     def __enter__(self) -> BatchScorer:
         return self
@@ -287,86 +273,6 @@ class BatchScorer:
                         status[pos], values[pos] = TIMEOUT, 0.0
                         i = pos + 1
                         break
-
-    # --------------------------------------------------------------- processes
-    def _ensure_workers(self) -> None:
-        """Start missing workers in parallel and wait until they have imported the verifier."""
-        alive = []
-        for w in self._workers:
-            if w.proc.is_alive():
-                alive.append(w)
-            else:
-                w.kill()
-        workers = alive + [_Worker(self._ctx, self.verifier) for _ in range(self.num_workers - len(alive))]
-        for w in workers:  # new ones, and replacements still booting from the previous batch
-            if not w.wait_ready(_BOOT_TIMEOUT_S):
-                for x in workers:
-                    x.kill()
-                self._workers = []
-                raise RuntimeError(_BOOT_ERROR)
-        self._workers = workers
-
-    def _score_processes(self, completions: Sequence[str], answers: Sequence[Mapping[str, Any]],
-                         status: np.ndarray, values: list[float | str]) -> None:
-        self._ensure_workers()
-        workers = self._workers
-        pending = deque(range(len(completions)))
-        remaining = len(completions)
-
-        def feed(w: _Worker) -> None:
-            nonlocal remaining
-            while pending:
-                j = pending.popleft()
-                try:
-                    w.submit(j, completions[j], answers[j])
-                    return
-                except Exception as exc:  # e.g. unpicklable answer fields
-                    w.item = None
-                    status[j], values[j] = ERROR, f"could not send to the verifier worker: {exc}"
-                    remaining -= 1
-
-        for w in workers:
-            feed(w)
-        while remaining:
-            busy = [w for w in workers if w.item is not None]
-            booting = [w for w in workers if not w.ready]
-            if not busy and not booting:
-                break
-            deadline = min([w.started + self.timeout_s for w in busy] + [w.born + _BOOT_TIMEOUT_S for w in booting])
-            ready = wait_connections([w.conn for w in busy + booting], timeout=max(0.0, deadline - time.monotonic()))
-            now = time.monotonic()
-            for k, w in enumerate(workers):
-                if not w.ready:  # a replacement booting in the background while the others keep scoring
-                    if w.conn in ready:
-                        if not w.wait_ready(0.0):
-                            raise RuntimeError(_BOOT_ERROR)
-                        feed(w)
-                    elif now - w.born >= _BOOT_TIMEOUT_S:
-                        raise RuntimeError(_BOOT_ERROR)
-                    continue
-                if w.item is None:
-                    continue
-                if w.conn in ready:
-                    try:
-                        idx, st, v = w.conn.recv()
-                        status[idx], values[idx] = st, v
-                        replace = False
-                    except (EOFError, OSError):  # the worker died (e.g. killed by the OS for memory)
-                        status[w.item], values[w.item] = ERROR, "verifier worker died"
-                        replace = True
-                elif now - w.started >= self.timeout_s:
-                    status[w.item], values[w.item] = TIMEOUT, 0.0
-                    replace = True
-                else:
-                    continue
-                remaining -= 1
-                w.item = None
-                if replace:
-                    w.kill()
-                    workers[k] = _Worker(self._ctx, self.verifier)  # not fed until it says "ready"
-                    self._counts["worker_restarts"] += 1
-                else:
-                    feed(w)
 
 
 def score_batch(verifier: Callable[..., Any], completions: Sequence[str], answers: Sequence[Mapping[str, Any]], *,

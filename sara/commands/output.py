@@ -1,0 +1,136 @@
+"""Output conventions shared by the commands: a table on stdout, ``--json FILE`` for machines, progress on stderr,
+and run directories that are never overwritten silently.
+
+Every command prints a markdown table (``kv_table`` for a report of named values), writes its JSON report only where
+``--json FILE`` says (``write_report``), prints progress lines on stderr while it runs more than a few seconds
+(``Ticker`` when the work reports nothing itself), and refuses an output directory that already holds a run unless
+``--overwrite`` is given (``claim_dir``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sara.config import ConfigError
+
+__all__ = ["kv_table", "fmt_value", "write_report", "claim_dir", "Ticker", "progress"]
+
+
+def fmt_value(v: Any) -> str:
+    """A readable value: integers (and integral floats) with thousands separators, other floats to 4 significant
+    digits (``1456.0`` -> ``1,456``; ``0.123456`` -> ``0.1235``), lists joined by ``, ``."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        if v.is_integer() and abs(v) < 1e15:
+            return f"{int(v):,}"
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(fmt_value(x) for x in v)
+    return str(v)
+
+
+def _flatten(report: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in report.items():
+        if isinstance(value, Mapping):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def kv_table(report: Mapping[str, Any], *, title: str = "value") -> str:
+    """A two-column markdown table of ``report`` (nested mappings flattened as ``a.b``)."""
+    rows = [(k, fmt_value(v)) for k, v in _flatten(report)]
+    width = max([len(k) for k, _ in rows] + [len("metric")])
+    vwidth = max([len(v) for _, v in rows] + [len(title)])
+    lines = [f"| {'metric':<{width}} | {title:<{vwidth}} |", f"|{'-' * (width + 2)}|{'-' * (vwidth + 2)}|"]
+    lines += [f"| {k:<{width}} | {v:<{vwidth}} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def write_report(report: Mapping[str, Any], path: str | Path | None) -> Path | None:
+    """Write ``report`` as JSON to ``path`` (parents created), say so on stdout, return the path; None when
+    ``path`` is None."""
+    if not path:
+        return None
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nJSON: {out}")
+    return out
+
+
+def claim_dir(path: str | Path, *, overwrite: bool, marker: str, what: str, replace: Sequence[str] = (),
+              resume_hint: bool = False) -> Path:
+    """The output directory ``path``, made ready for a new run.
+
+    A directory that already holds ``marker`` (the file a run writes first, e.g. ``metrics.jsonl``) is a previous
+    run: without ``overwrite`` a ``ConfigError`` names it and the ways out; with it, the previous run's ``replace``
+    entries (files or directories, e.g. ``checkpoints``) are removed first, so none of them outlives it. Nothing
+    else in the directory is touched.
+
+    Args:
+        path: The run directory.
+        overwrite: Replace a previous run (``--overwrite``).
+        marker: The file name (relative to ``path``) whose presence means a run is there.
+        what: The command, for the message (``"sara train"``).
+        replace: What a previous run wrote that the new one must not inherit (relative to ``path``).
+        resume_hint: Also suggest ``--resume``.
+
+    Returns:
+        ``path`` as a ``Path``.
+    """
+    out = Path(path)
+    if (out / marker).exists():
+        if not overwrite:
+            resume = ", --resume to continue it" if resume_hint else ""
+            raise ConfigError(f"{what}: {out} already holds a run ({out / marker}); pass --overwrite to replace it"
+                              f"{resume}, or --out DIR for a new one")
+        for name in replace:
+            entry = out / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            elif entry.exists() or entry.is_symlink():
+                entry.unlink()
+    return out
+
+
+def progress(tag: str, message: str) -> None:
+    """One progress line on stderr: ``[tag] message``."""
+    print(f"[{tag}] {message}", file=sys.stderr, flush=True)
+
+
+class Ticker:
+    """While the ``with`` block runs, print ``[tag] running, N s`` on stderr every ``every`` seconds (for work that
+    reports no progress itself)."""
+
+    def __init__(self, tag: str, every: float = 10.0) -> None:
+        self.tag, self.every = tag, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = 0.0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            progress(self.tag, f"running, {time.perf_counter() - self._t0:.0f} s")
+
+    def __enter__(self) -> Ticker:
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,153 @@
+"""Reading config text: YAML (and JSON, a subset) with the surprises removed, and ``--set`` values.
+
+``load_yaml(text, what=...)`` is ``yaml.safe_load`` (no tags that build objects) plus:
+
+- YAML 1.2 core scalars: ``true`` / ``false`` are the only booleans, integers are decimal (``0x``/``0o`` prefixes
+  allowed), floats are decimal or exponent forms (``3e-4``) and ``.inf`` / ``.nan``; YAML 1.1's base-60 numbers
+  (``12:30`` = 750), ``yes`` / ``no`` / ``on`` / ``off`` booleans and ``010`` octals are plain strings or decimals;
+- a key given twice in one mapping is an error (a ``<<`` merge may still be overridden);
+- the value may hold at most ``MAX_NODES`` values counted with repetition (aliases repeat what they point to, so a
+  570-byte alias bomb would expand to billions) and nest at most ``MAX_DEPTH`` levels.
+
+Every failure is a one-line ``ConfigError`` that starts with ``what`` (the file, or the ``--set`` item).
+``parse_value(raw, what=...)`` reads one ``--set`` value the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sara.config import ConfigError
+
+__all__ = ["MAX_DEPTH", "MAX_NODES", "check_size", "load_yaml", "parse_value"]
+
+MAX_NODES = 100_000
+"""Most values (mapping entries, list items, scalars; repeats counted) one config may expand to."""
+MAX_DEPTH = 64
+"""Deepest nesting of lists and mappings in a config."""
+
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                    r"|\.(?:nan|NaN|NAN))$")
+_loader: Any = None
+
+
+def _make_loader() -> Any:
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    class DuplicateKey(ConstructorError):
+        """A mapping gives one key twice."""
+
+    class Loader(yaml.SafeLoader):
+        """``SafeLoader`` with YAML 1.2 core scalars and no duplicate keys."""
+
+        yaml_implicit_resolvers = {k: [r for r in v if r[0] not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
+                                                                     "tag:yaml.org,2002:float")]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: set[Any] = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        dup = key in seen
+                        seen.add(key)
+                    except TypeError:
+                        continue  # an unhashable key: the base class reports it
+                    if dup:
+                        raise DuplicateKey("while constructing a mapping", node.start_mark,
+                                               f"key {key!r} is given twice", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_yaml_int(self, node: Any) -> int:
+            text = self.construct_scalar(node)
+            return int(text[2:], 8 if text[1] == "o" else 16) if text[:2] in ("0o", "0x") else int(text)
+
+    for tag, pattern, first in (("bool", _BOOL, "tTfF"), ("int", _INT, "-+0123456789"),
+                                ("float", _FLOAT, "-+.0123456789")):
+        Loader.add_implicit_resolver(f"tag:yaml.org,2002:{tag}", pattern, list(first))
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.DuplicateKey = DuplicateKey
+    return Loader
+
+
+def _parse(text: str) -> Any:
+    """``yaml.load`` with the loader above (raises ``yaml.YAMLError`` / ``RecursionError``)."""
+    global _loader
+    import yaml
+
+    if _loader is None:
+        _loader = _make_loader()
+    return yaml.load(text, Loader=_loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _yaml_error(exc: Any, what: str) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    return ConfigError(f"{what}: not valid YAML{where}: {problem}")
+
+
+def check_size(value: Any, *, what: str) -> Any:
+    """``value`` when it expands to at most ``MAX_NODES`` values nested at most ``MAX_DEPTH`` deep.
+
+    Raises:
+        ConfigError: naming ``what`` and the limit.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ConfigError(f"{what}: expands to more than {MAX_NODES:,} values (a YAML alias repeats what its "
+                              "anchor holds); write the values out or use fewer aliases")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{what}: nested more than {MAX_DEPTH} levels deep; flatten it")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+            count += len(node)  # the keys
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+    return value
+
+
+def load_yaml(text: str, *, what: str) -> Any:
+    """Parse YAML / JSON ``text`` (see the module docstring).
+
+    Raises:
+        ConfigError: invalid YAML (with line and column), a duplicate key, too many values or too deep.
+    """
+    import yaml
+
+    try:
+        value = _parse(text)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, what) from None
+    except RecursionError:
+        raise ConfigError(f"{what}: nested more than {MAX_DEPTH} levels deep; flatten it") from None
+    return check_size(value, what=what)
+
+
+def parse_value(raw: str, *, what: str) -> Any:
+    """One ``--set`` value: YAML 1.2 scalars (``1e-4``, ``true``, ``null``), flow lists and mappings
+    (``[0.9, 0.99]``, ``{d_model: 16}``); text that is not valid YAML stays the string it is."""
+    import yaml
+
+    if not raw.strip():
+        return ""
+    try:
+        value = _parse(raw)
+    except yaml.YAMLError as exc:
+        if isinstance(exc, _loader.DuplicateKey):
+            raise _yaml_error(exc, what) from None
+        return raw
+    except RecursionError:
+        raise ConfigError(f"{what}: nested more than {MAX_DEPTH} levels deep; flatten it") from None
+    return check_size(value, what=what)

@@ -1,0 +1,27 @@
+"""examples/train_custom_task.py trains on a user's task end to end: the task passes ``check_task``, the tiny policy
+reads its declared alphabet, and 20 steps of GRPO + SARA raise held-out accuracy well beyond one evaluation's noise
+(200 prompts x 4 samples: standard error <= 0.035 at these accuracies)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_training_on_a_custom_task_moves_accuracy(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("train_custom_task", ROOT / "examples" / "train_custom_task.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    summary = mod.main(steps=20, out_dir=str(tmp_path / "run"))
+    assert summary.steps == 20 and summary.rollouts > 0
+    assert summary.acc_after >= summary.acc_before + 0.15, (summary.acc_before, summary.acc_after)
+    assert summary.files == ["learning_curve.png", "metrics.jsonl"]
+    out = capsys.readouterr().out
+    assert "check_task: ok (2000 prompts, 200 held out)" in out and "step  20: held-out accuracy" in out
