@@ -104,14 +104,15 @@ def register(bsub: Any) -> None:
     lb.set_defaults(func=_learner)
 
     pb = bsub.add_parser("population", help="a policy's per-prompt success rates on a run's pool (from k samples): "
-                         "solved / unsolved / mixed groups, and DS, the paper's rule and the Bayes-optimal rule on it",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    pb.add_argument("--config", default=None, help="sara train config file (default: the embedded default)")
-    pb.add_argument("--checkpoint", default=None, help="a sara train checkpoint: its policy and config instead")
+                         "solved / unsolved / mixed groups, and DS, the paper's rule and the Bayes-optimal rule on it")
+    pb.add_argument("--config", metavar="FILE", default=None,
+                    help="sara train config file (default: the embedded default)")
+    pb.add_argument("--checkpoint", metavar="FILE", default=None,
+                    help="a sara train checkpoint: its policy and config instead")
     pb.add_argument("--prompts", type=int, default=300, help="pool prompts whose success rate is estimated")
     pb.add_argument("--samples", type=int, default=16, help="seeded rollouts per prompt")
     pb.add_argument("--seed", type=int, default=1, help="seed of the prompt draw and the rollouts")
-    pb.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    pb.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     pb.set_defaults(func=_population)
 
 
