@@ -77,6 +77,8 @@ class MetricsLogger:
         if self._bar is not None:  # the bar counts training steps: the step-0 record (initial evaluation) is not one
             self._bar.set_postfix(live, refresh=False)
             self._bar.update(max(0, int(step) - self._bar.n))
+            if self._bar.total and self._bar.n >= self._bar.total:
+                self._bar.refresh()  # the last step's numbers, whatever tqdm's redraw interval skipped
         elif self._progress and (step % self.print_every == 0):
             print(f"step {step}: " + "  ".join(f"{k}={v}" for k, v in live.items()), file=sys.stderr, flush=True)
 

@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 
 from sara.cli import main  # noqa: E402
 from sara.metrics import MetricsLogger, read_jsonl  # noqa: E402
+from sara.train.rundir import LOCK_NAME  # noqa: E402
 
 SETTINGS = ["task=sara/Arithmetic-v0:max_digits=2,pool_size=400,eval_size=40",
             "policy_options={d_model: 32, n_layers: 1, n_heads: 2, warm_start: {steps: 30, batch_size: 32}}",
@@ -38,8 +39,8 @@ def test_no_checkpoint_unless_asked_and_every_file_listed(tmp_path, capsys):
     assert _train(out) == 0
     assert not (out / "checkpoints").exists()  # checkpoint_every: 0 (the default) writes none
     row = _files_row(capsys.readouterr().out)
-    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert written == ["learning_curve.png", "metrics.jsonl"]
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != LOCK_NAME)
+    assert written == ["learning_curve.png", "metrics.jsonl"]  # beside the run lock, which is not an output
     assert all(name in row for name in written)
 
     assert _train(out, "--overwrite", "--set", "checkpoint_every=1") == 0

@@ -93,8 +93,11 @@ def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) 
 
 
 def run_files(out_dir: str | Path, *, max_listed: int = 4) -> list[str]:
-    """Every file under ``out_dir``, relative to it and sorted; a sub-directory with more than ``max_listed`` files
-    (TensorBoard's event files, many checkpoints) is one entry ``"dir/ (N files)"``."""
+    """Every file under ``out_dir``, relative to it and sorted, but the run lock (``sara.train.rundir.LOCK_NAME``); a
+    sub-directory with more than ``max_listed`` files (TensorBoard's event files, many checkpoints) is one entry
+    ``"dir/ (N files)"``."""
+    from sara.train.rundir import LOCK_NAME
+
     root = Path(out_dir)
     if not root.is_dir():
         return []
@@ -106,6 +109,6 @@ def run_files(out_dir: str | Path, *, max_listed: int = 4) -> list[str]:
                 out.append(f"{entry.name}/ ({len(files)} files)")
             else:
                 out += [p.relative_to(root).as_posix() for p in files]
-        elif entry.is_file():
+        elif entry.is_file() and entry.name != LOCK_NAME:
             out.append(entry.name)
     return out
