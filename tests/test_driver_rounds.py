@@ -32,7 +32,8 @@ def test_accounting_always_adds_up(alpha, beta, k, target, tau, probe, completio
     assert s.rollouts == s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts
     assert s.tokens == s.committed_tokens + s.abandoned_tokens + s.discarded_tokens
     assert s.rollouts == sum(g.size for g in res.groups + res.abandoned + res.discarded)
-    assert s.stop_reason in {"target_reached", "max_rollouts", "max_rounds", "pool_exhausted", "allocator_done"}
+    assert s.stop_reason in {"target_reached", "max_rollouts", "max_rounds", "pool_exhausted", "allocator_done",
+                             "max_step_rollouts"}
     if budget is not None:
         assert s.rollouts <= budget
     if s.stop_reason == "target_reached":
