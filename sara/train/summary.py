@@ -12,7 +12,16 @@ __all__ = ["RunSummary", "peak_rss_mb", "summarize", "run_files"]
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set size so far, in MiB (``getrusage``; NaN where it is unavailable)."""
+    """This process's peak resident set size so far, in MiB: ``VmHWM`` of ``/proc/self/status`` where there is one
+    (the high-water mark of this program's own memory, which ``exec`` resets), else ``getrusage``'s ``ru_maxrss``
+    (which on Linux also counts the parent's pages a forked child had before ``exec``); NaN where neither exists."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     try:
         import resource
         import sys
