@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 
 import numpy as np
 
@@ -45,6 +46,19 @@ def make_chat_sum_task(size: int = 300, eval_size: int = 50, seed: int = 0, high
 register_task("examples/ChatSum-v0", make_chat_sum_task, override=True)
 
 
+def time_split(log_history: list[dict], env_metrics: dict, evals: list[dict], wall: float) -> dict[str, float]:
+    """Where the run's seconds went: TRL's trainer thread (forward + backward, optimizer, weight sync, waiting for
+    rollouts; summed from its ``perf/*_s`` logs) and the SARA worker's thread (generation and scoring in its env)."""
+    def total(key: str) -> float:
+        return float(sum(rec[key] for rec in log_history if key in rec))
+
+    return {"wall": wall, "trainer_fwd_bwd": total("perf/fwd_bwd_s"), "trainer_optimizer": total("perf/optimizer_s"),
+            "trainer_weight_sync": total("perf/weight_sync_s"), "trainer_waiting_for_rollouts": total("perf/rollout_wait_s"),
+            "worker_generate": env_metrics.get("env/generate_seconds", 0.0),
+            "worker_score": env_metrics.get("env/score_seconds", 0.0),
+            "eval": float(sum(e.get("seconds_eval", 0.0) for e in evals))}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps (TRL max_steps)")
@@ -61,8 +75,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/trl_async_grpo")
     ap.add_argument("--json", default=None, help="write TRL's log history and the pushed group sizes here")
+    ap.add_argument("--eval-prompts", type=int, default=0,
+                    help="held-out prompts evaluated before training, every --eval-every steps and at the end (0 = off)")
+    ap.add_argument("--eval-samples", type=int, default=2, help="sampled completions per held-out prompt")
+    ap.add_argument("--eval-every", type=int, default=0, help="evaluate every this many steps (0 = before and after only)")
+    ap.add_argument("--queue-size", type=int, default=1024,
+                    help="samples the worker may have waiting for the trainer (it pauses when full): how far ahead of "
+                         "the trained weights it generates")
+    ap.add_argument("--max-staleness", type=int, default=4, help="TRL drops samples this many weight versions old")
+    ap.add_argument("--driver", default="rounds", choices=["rounds", "stream"],
+                    help="the worker's driver: synchronous rounds, or streaming with carry-over (carry_lag=1)")
     args = ap.parse_args(argv)
 
+    from transformers import TrainerCallback
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from sara.backends.hf import HFBackend
@@ -77,30 +102,67 @@ def main(argv: list[str] | None = None) -> dict:
     task = make_task(args.task)
     backend = HFBackend(str(model_dir), dtype=args.gen_dtype, max_batch_size=64)
     env = TaskEnv(task, backend, SamplingConfig(max_new_tokens=args.max_new_tokens, stop=task.stop))
+    driver = None if args.driver == "rounds" else {"barrier": False, "carry_lag": 1}
     worker = SaraRolloutWorker(env, args.allocator, k=args.k, sampler=args.sampler,
-                               target_groups=args.target_groups, seed=args.seed)
+                               target_groups=args.target_groups, seed=args.seed, driver=driver,
+                               queue_maxsize=args.queue_size)
+    eval_env = TaskEnv(task, backend, env.sampling, split="eval", scorer=env.scorer) if args.eval_prompts else None
+    evals: list[dict] = []
+
+    def evaluate(step: int) -> None:
+        res = worker.evaluate(eval_env, num_prompts=args.eval_prompts, samples=args.eval_samples, seed=args.seed)
+        evals.append({"step": step, "acc": res["eval/acc_sample"], "rollouts": worker.totals["rollouts"],
+                      "seconds": time.perf_counter() - t0, "seconds_eval": res["time/eval"],
+                      "weights_version": res["eval/weights_version"]})
+        print(f"eval step {step}: held-out acc {res['eval/acc_sample']:.3f} after {worker.totals['rollouts']} rollouts, "
+              f"{evals[-1]['seconds']:.0f} s", flush=True)
+
+    class EvalCallback(TrainerCallback):
+        def on_step_end(self, _args, state, control, **kwargs):
+            if eval_env is not None and args.eval_every and state.global_step % args.eval_every == 0 \
+                    and state.global_step < args.steps:
+                evaluate(state.global_step)
+
     config = AsyncGRPOConfig(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=1, learning_rate=args.lr, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=False, token_budget=0, max_staleness=4, weight_sync_steps=1, seed=args.seed,
+        use_cpu=True, bf16=False, token_budget=0, max_staleness=args.max_staleness, weight_sync_steps=1, seed=args.seed,
         max_completion_length=args.max_new_tokens, heartbeat_stale_after_s=1800,
     )
     trainer = async_grpo_trainer(model_dir, worker, args=config)
+    trainer.add_callback(EvalCallback())  # after TRL's own weight-sync callback: a step's eval sees its weights
+    t0 = time.perf_counter()
     try:
+        if eval_env is not None:
+            evaluate(0)
         trainer.train()
+        worker.stop()  # the backend holds the trainer's last weights (synced after every step)
+        if eval_env is not None:
+            evaluate(args.steps)
     finally:
+        worker.stop()
+        env_metrics = env.metrics()
         env.close()
+        if eval_env is not None:
+            eval_env.close()
+    wall = time.perf_counter() - t0
     trained = sorted(trainer._trained_groups)
     out = {"log_history": trainer.state.log_history,
            "trained_group_sizes": [worker.pushed_groups[g] for g in trained],
            "pushed_group_sizes": list(worker.pushed_groups.values()),
-           "backend_version": backend.version, "trainer_version": trainer.model_version}
+           "backend_version": backend.version, "trainer_version": trainer.model_version,
+           "eval": evals, "wall_seconds": wall, "rollouts": worker.totals["rollouts"],
+           "seconds": time_split(trainer.state.log_history, env_metrics, evals, wall)}
     for rec in trainer.state.log_history:
         if "loss" in rec:
             sara_keys = {k: round(v, 3) for k, v in rec.items() if k.startswith("sara/") and v is not None}
             print(f"step {rec.get('step')}: loss={rec['loss']:.4f} reward={rec.get('reward')} {sara_keys}")
     print(f"groups trained: {len(trained)}, sizes {sorted(set(out['trained_group_sizes']))}; "
           f"weights version: trainer {trainer.model_version}, backend {backend.version}")
+    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in out["seconds"].items()))
+    if evals:
+        print(f"held-out acc {evals[0]['acc']:.3f} -> {evals[-1]['acc']:.3f} in {args.steps} steps, "
+              f"{worker.totals['rollouts']} rollouts, {wall:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, default=float)

@@ -121,9 +121,10 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def deterministic_view(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Records without wall-clock keys (``time/...`` and ``*_seconds``), for run-to-run comparisons."""
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("_seconds")}
-            for r in records]
+    """Records without wall-clock and machine keys (``time/...``, ``*_seconds``, ``sys/...`` such as the peak resident
+    memory), for run-to-run comparisons."""
+    return [{k: v for k, v in r.items()
+             if not k.startswith(("time/", "sys/")) and not k.endswith("_seconds")} for r in records]
 
 
 def _pyplot() -> Any:

@@ -41,7 +41,8 @@ def test_example_trains_through_async_grpo_with_variable_size_groups(tiny_model_
     out_json = tmp_path / "out.json"
     example.main(["--steps", "2", "--model", str(tiny_model_dir), "--task", "tests/Parity-v0", "--batch-size", "16",
                   "--target-groups", "4", "--max-new-tokens", "3", "--lr", "1e-3", "--output-dir",
-                  str(tmp_path / "run"), "--json", str(out_json)])
+                  str(tmp_path / "run"), "--json", str(out_json),
+                  "--eval-prompts", "8", "--eval-every", "1"])
     out = json.loads(out_json.read_text())
     steps = [rec for rec in out["log_history"] if "loss" in rec]
     assert [rec["step"] for rec in steps] == [1, 2]  # TRL's loss, logged per optimizer step
@@ -54,5 +55,11 @@ def test_example_trains_through_async_grpo_with_variable_size_groups(tiny_model_
     assert len(set(sizes)) > 1 and min(sizes) >= 2, f"groups of one size only reached the trainer: {sizes}"
     # cold sync + one sync per optimizer step, each loaded into the generating backend under the trainer's version
     assert out["trainer_version"] == out["backend_version"] == 3
+    # held-out accuracy before training, after step 1 and at the end, each on the weights the trainer had synced
+    evals = out["eval"]
+    assert [e["step"] for e in evals] == [0, 1, 2]
+    assert all(0.0 <= e["acc"] <= 1.0 for e in evals)
+    assert [e["weights_version"] for e in evals][1:] == [2.0, 3.0]
+    assert evals[0]["rollouts"] == 0 < evals[1]["rollouts"] <= evals[2]["rollouts"] <= out["rollouts"]
     printed = capsys.readouterr().out
-    assert "step 2: loss=" in printed and "groups trained:" in printed
+    assert "step 2: loss=" in printed and "groups trained:" in printed and "held-out acc" in printed

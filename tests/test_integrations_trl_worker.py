@@ -222,3 +222,23 @@ def test_the_worker_streams_with_carry_over_and_tags_each_group_with_its_oldest_
 def test_streaming_needs_a_streaming_environment():
     with pytest.raises(ConfigError, match="field 'driver'.*cannot stream"):
         SaraRolloutWorker(TaskEnv(TASK, HalfRight(), scorer_mode="inline"), "sara", driver={"barrier": False})
+
+
+def test_evaluate_scores_held_out_prompts_between_engine_calls(worker):
+    import threading
+
+    eval_env = TaskEnv(TASK, worker.backend, split="eval", scorer_mode="inline")
+    first = worker.evaluate(eval_env, num_prompts=10, samples=4, seed=1)
+    again = worker.evaluate(eval_env, num_prompts=10, samples=4, seed=1)
+    assert again["eval/acc_sample"] == first["eval/acc_sample"]  # fixed seeds: the same rollouts
+    assert 0.2 < first["eval/acc_sample"] < 0.8  # HalfRight: about half of the held-out rollouts right
+    assert first["eval/weights_version"] == 0.0
+    # while the trainer holds the weights (a sync in progress) an evaluation waits for it
+    transfer = worker.weight_transfer()
+    transfer.pause()
+    done = threading.Event()
+    threading.Thread(target=lambda: (worker.evaluate(eval_env, num_prompts=10, samples=4), done.set()),
+                     daemon=True).start()
+    assert not done.wait(0.5)
+    transfer.resume()
+    assert done.wait(30)

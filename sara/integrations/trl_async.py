@@ -258,6 +258,32 @@ class SaraRolloutWorker:
         except BaseException as exc:  # reported through check_health, raised in the trainer
             self._error = exc
 
+    def evaluate(self, eval_env: Any, *, num_prompts: int = 100, samples: int = 2, seed: int = 0) -> dict[str, float]:
+        """Held-out accuracy of the backend's current weights (``sara.train.evaluate.held_out_accuracy``: fixed seeds,
+        so two calls compare), taken between the worker's engine calls: the worker waits meanwhile.
+
+        Args:
+            eval_env: A ``RolloutEnv`` over held-out prompts on this worker's backend
+                (``TaskEnv(task, worker.backend, split="eval")``).
+            num_prompts: The first this many held-out prompts.
+            samples: Sampled completions per prompt.
+            seed: Base seed of the evaluation's rollouts.
+
+        Returns:
+            ``eval/acc_sample``, the solved / unsolved / mixed fractions, ``time/eval`` and ``eval/weights_version``.
+        """
+        from types import SimpleNamespace
+
+        from sara.train.config import EvalConfig
+        from sara.train.evaluate import held_out_accuracy
+
+        config = SimpleNamespace(seed=seed, eval=EvalConfig(num_prompts=num_prompts, samples=samples, greedy=False,
+                                                            by=None))
+        with self._weights_lock:
+            out = held_out_accuracy(config, eval_env)
+            out["eval/weights_version"] = float(self.backend_version)
+        return out
+
     # -------------------------------------------------------------------------------------------- output
     def advantages(self, groups: Sequence[Group]) -> np.ndarray:
         """Flat advantages over the groups' rollouts from the configured ``sara.algos`` estimator (by group id)."""
