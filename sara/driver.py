@@ -21,6 +21,7 @@ the same environment commits the same groups whichever mode (and however many en
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import sys
@@ -144,41 +145,46 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
     st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed, max_rollouts=max_rollouts,
                          eps=eps, observers=observers, lookahead=lookahead)
     run = _Flight(allocator, env, st, cfg, policy_version)
-    if carry is not None:
-        run.take(carry)
-    timer, stop = st.timer, ""
-    while not stop:
-        if len(st.committed) >= target_groups:
-            waiting = _unfinished(allocator, st, cfg.carry_lag) if cfg.complete_groups else ()
-            if len(waiting) == 0 or not run.fill(waiting, cap, limit):
-                stop = "target_reached"
-            continue
-        budget = limit - run.started
-        if cfg.barrier and (st.rounds >= cfg.max_rounds or budget <= 0):
-            stop = "max_rounds" if st.rounds >= cfg.max_rounds else spent_reason
-            break
-        idle = cap - len(run.live)
-        room = idle if cfg.barrier else min(idle, budget)  # a round admits regardless of the budget (then cut)
-        with timer("allocator"):
-            ids = allocator.dispatch(min(idle, budget))
-            prefixes = allocator.prefix(ids)
-            m = 0
-            if not st.exhausted:
-                m = (room - len(ids) if cfg.fill_idle and allocator.needed() > 0
-                     else allocator.wants_prompts(room - len(ids)))
-        if m > 0:
-            st.admit(sampler, m)
+    try:  # a step that fails (the engine, a stop request) leaves nothing running on the engine
+        if carry is not None:
+            run.take(carry)
+        timer, stop = st.timer, ""
+        while not stop:
+            if len(st.committed) >= target_groups:
+                waiting = _unfinished(allocator, st, cfg.carry_lag) if cfg.complete_groups else ()
+                if len(waiting) == 0 or not run.fill(waiting, cap, limit):
+                    stop = "target_reached"
+                continue
+            budget = limit - run.started
+            if cfg.barrier and (st.rounds >= cfg.max_rounds or budget <= 0):
+                stop = "max_rounds" if st.rounds >= cfg.max_rounds else spent_reason
+                break
+            idle = cap - len(run.live)
+            room = idle if cfg.barrier else min(idle, budget)  # a round admits regardless of the budget (then cut)
             with timer("allocator"):
-                more = allocator.dispatch(min(idle, budget) - len(ids))
-                ids, prefixes = np.concatenate([ids, more]), prefixes + allocator.prefix(more)
-        cut = cfg.barrier and len(ids) == budget and _wants_more(allocator)
-        run.submit(ids, prefixes)
-        if not run.live:
-            stop = spent_reason if run.started >= limit else ("pool_exhausted" if st.exhausted else "allocator_done")
-            break
-        run.wait()
-        if cut:  # the round was cut to fit the budget: the step ends
-            stop = spent_reason
+                ids = allocator.dispatch(min(idle, budget))
+                prefixes = allocator.prefix(ids)
+                m = 0
+                if not st.exhausted:
+                    m = (room - len(ids) if cfg.fill_idle and allocator.needed() > 0
+                         else allocator.wants_prompts(room - len(ids)))
+            if m > 0:
+                st.admit(sampler, m)
+                with timer("allocator"):
+                    more = allocator.dispatch(min(idle, budget) - len(ids))
+                    ids, prefixes = np.concatenate([ids, more]), prefixes + allocator.prefix(more)
+            cut = cfg.barrier and len(ids) == budget and _wants_more(allocator)
+            run.submit(ids, prefixes)
+            if not run.live:
+                stop = (spent_reason if run.started >= limit
+                        else "pool_exhausted" if st.exhausted else "allocator_done")
+                break
+            run.wait()
+            if cut:  # the round was cut to fit the budget: the step ends
+                stop = spent_reason
+    except BaseException:
+        run.abort_on_failure(carry)
+        raise
     handed = run.hand_on(cfg.carry_lag) if cfg.carry_lag else None  # before end_step closes the open units
     run.abort_units(np.unique(np.fromiter((u for u, _ in run.live.values()), np.int64, count=len(run.live))))
     with timer("allocator"):
@@ -358,6 +364,15 @@ class _Flight:
         if len(results) != len(requests) or any(len(r) != q.n for r, q in zip(results, requests)):
             raise RuntimeError(f"{type(self.env).__name__}.rollout returned a wrong number of rollouts for the round")
         return [(t, r) for ts, rs in zip(tags, results) for t, r in zip(ts, rs)]
+
+    def abort_on_failure(self, carry: StreamCarry | None) -> None:
+        """Abort every rollout of the step still running on the engine (and a carry not yet taken), as the step
+        raises; a second failure while aborting does not mask the first."""
+        tags = set(self.live) | set(carry.live if carry is not None else ())
+        if tags and not self.cfg.barrier:
+            with contextlib.suppress(Exception):
+                self.env.abort(sorted(tags))
+        self.live.clear()
 
     def abort_units(self, units: np.ndarray) -> None:
         """Cancel every in-flight rollout of ``units`` (on the engine and in the allocator's bookkeeping)."""

@@ -294,3 +294,33 @@ def test_every_streamed_request_says_which_rollout_of_its_unit_it_is():
     assert seen and any(req.index > 0 for req in seen)
     for req in seen:
         assert req.seeds[0] == int(derive_seeds(2, 0, req.pool_index, 0, req.index))
+
+
+class FailsOnPoll(Arith):
+    """``Arith`` whose engine dies on its ``n``-th poll."""
+
+    def __init__(self, n: int, slots: int = 16) -> None:
+        super().__init__(slots)
+        self.n = n
+
+    def poll(self, timeout=None):
+        self.n -= 1
+        if self.n == 0:
+            raise RuntimeError("engine died")
+        return super().poll(timeout)
+
+
+@pytest.mark.parametrize("with_carry", [False, True])
+def test_a_step_that_fails_leaves_nothing_running_on_the_engine(with_carry):
+    backend = FailsOnPoll(n=10**9, slots=32)
+    env, alloc, sampler = _env(backend=backend), make_allocator("sara", k=4), UniformSampler(300, seed=0)
+    carry = None
+    if with_carry:
+        carry = collect(alloc, env, sampler, target_groups=4, seed=0, step=0,
+                        driver={**STREAM, "carry_lag": 1}).carry
+        assert carry is not None and carry.live  # the failing step has running rollouts to adopt
+    backend.n = 3
+    with pytest.raises(RuntimeError, match="engine died"):
+        collect(alloc, env, sampler, target_groups=50, seed=0, step=1, carry=carry,
+                driver={**STREAM, "carry_lag": 1 if with_carry else 0})
+    assert backend.inflight() == 0 and backend.aborted  # everything it had started (and adopted) is aborted

@@ -254,9 +254,9 @@ class SaraRolloutWorker:
                 self._carry = result.carry
                 self._publish(result)
         except _Stopped:
-            pass
+            self._carry = None  # the interrupted step aborted what it had running, the carry's rollouts included
         except BaseException as exc:  # reported through check_health, raised in the trainer
-            self._error = exc
+            self._carry, self._error = None, exc
 
     def evaluate(self, eval_env: Any, *, num_prompts: int = 100, samples: int = 2, seed: int = 0) -> dict[str, float]:
         """Held-out accuracy of the backend's current weights (``sara.train.evaluate.held_out_accuracy``: fixed seeds,
