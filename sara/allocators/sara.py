@@ -33,6 +33,8 @@ from sara.units import UnitView
 __all__ = ["PriorOptions", "SARAAllocator", "SARABase", "SARAConfig", "reject_rule_option"]
 
 PriorKind = Literal["constant", "empirical", "history"]
+AUTO = "auto"
+"""``group_by=auto``: the split is learned from the prompts' features (``sara.priors.features``)."""
 
 
 class PriorOptions(SequentialConfig):
@@ -72,10 +74,11 @@ class SARAConfig(PriorOptions):
     group_by: str | None = "component"
     """A ``Prompt.metadata`` key whose values split the population prior into groups (one grid mixture per value,
     shrunk toward the pooled fit, one optimum across them; ``sara.priors.grouped``), e.g. ``component``
-    (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH). Needs the pool's prompts, which
-    ``sara.allocators.compose(..., prompts=)`` hands over (the trainer and the benches do). The default,
-    ``component``, groups a mixture's components and leaves any other pool one population; a key you give must
-    exist. None: one population."""
+    (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH). ``auto``: learn online which
+    feature to split by (every metadata key and the prompt length, chosen by prequential likelihood;
+    ``sara.priors.features``). Needs the pool's prompts, which ``sara.allocators.compose(..., prompts=)`` hands over
+    (the trainer and the benches do). The default, ``component``, groups a mixture's components and leaves any other
+    pool one population; a key you give must exist. None: one population."""
     drain: bool = True
     """Once the step's target is covered, finish the units still probing whose remaining rollouts buy effective
     groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group, but every
@@ -156,13 +159,21 @@ class SARAAllocator(SARABase):
         from sara.priors.grouped import GroupedGridPrior, group_labels
 
         key = self.config.group_by
-        if key is None or (not self.group_by_given and not _has_key(prompts, key)):
+        if key is None or (key != AUTO and not self.group_by_given and not _has_key(prompts, key)):
             return False  # unset, or the default key on a pool without it: one population
-        labels, names = group_labels(prompts, key)
         holder = population_of(self.prior)
         if not isinstance(holder, GridPrior):
             raise TypeError(f"sara: group_by needs a grid prior to split, got {type(holder).__name__}")
-        grouped = GroupedGridPrior.like(holder, labels, names)
+        grouped: GridPrior
+        if key == AUTO:
+            from sara.priors.features import FeatureGroupedPrior, feature_splits
+
+            splits = feature_splits(prompts)
+            if not splits:
+                return False  # no feature to split by: one population
+            grouped = FeatureGroupedPrior.like(holder, splits)
+        else:
+            grouped = GroupedGridPrior.like(holder, *group_labels(prompts, key))
         if holder is self.prior:
             self.prior = grouped
         else:

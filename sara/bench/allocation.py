@@ -47,7 +47,9 @@ class AllocationBenchConfig(SaraModel):
     """Options of ``sara bench allocation`` (the CLI's flags; invalid values raise ``ConfigError`` naming the field)."""
 
     population: str = "u-shaped"
-    """Success-rate population: u-shaped | mid-training | uniform | beta:A,B | file:PATH (one rate per line)."""
+    """Success-rate population: u-shaped | mid-training | uniform | beta:A,B | file:PATH (one rate per line) |
+    features:informative / uninformative / misleading (prompts carry ``band`` / ``size`` features; for
+    ``sara:group_by=auto``)."""
     k: int = Field(8, ge=2)
     """Group size."""
     target_groups: int = Field(512, ge=1)

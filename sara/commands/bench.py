@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = bsub.add_parser("allocation", help="rollouts per effective group of allocators on a simulated prompt pool")
     p.add_argument("--population", default="u-shaped",
-                   help="u-shaped | mid-training | uniform | beta:A,B | file:PATH (one success rate per line)")
+                   help="u-shaped | mid-training | uniform | beta:A,B | file:PATH (one success rate per line) | "
+                        "features:informative|uninformative|misleading (prompts with band / size features)")
     p.add_argument("--k", type=int, default=8, help="group size")
     p.add_argument("--target-groups", type=int, default=512, help="committed groups per step")
     p.add_argument("--seeds", type=int, default=3, help="independent pools (seeds 0..N-1)")

@@ -19,7 +19,7 @@ from sara.registry import Registry
 from sara.seeding import uniform_from_seeds
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["SimulatedEnv", "SimulatedEnvConfig", "POPULATIONS", "make_population"]
+__all__ = ["FEATURED", "SimulatedEnv", "SimulatedEnvConfig", "POPULATIONS", "make_features", "make_population"]
 
 POPULATIONS: Registry[Callable[[int, np.random.Generator], np.ndarray]] = Registry("population")
 
@@ -43,12 +43,70 @@ def uniform_population(size: int, rng: np.random.Generator) -> np.ndarray:
     return rng.uniform(0.0, 1.0, size)
 
 
+Features = dict[str, np.ndarray]
+FEATURED: Registry[Callable[[int, np.random.Generator], tuple[np.ndarray, Features]]] = Registry("featured population")
+"""Populations whose prompts carry features (``features:NAME``): success rates and ``Prompt.metadata`` columns."""
+
+
+def _banded(size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Four difficulty bands (shares 0.2 / 0.3 / 0.3 / 0.2): easy Beta(4, 1), middling U(0, 1), hard Beta(0.4, 3),
+    and mostly unsolvable (85% at 0, else Beta(0.3, 6)): a mixture pool like 1- to 4-digit sums."""
+    band = rng.choice(4, size=size, p=[0.2, 0.3, 0.3, 0.2])
+    rates = np.select([band == 0, band == 1, band == 2],
+                      [rng.beta(4.0, 1.0, size), rng.uniform(0.0, 1.0, size), rng.beta(0.4, 3.0, size)],
+                      np.where(rng.uniform(size=size) < 0.85, 0.0, rng.beta(0.3, 6.0, size)))
+    return rates, band
+
+
+def _columns(band: np.ndarray, rng: np.random.Generator) -> Features:
+    """``band`` (categorical) and ``size`` (numeric, ten per band plus noise: a prompt length in tokens)."""
+    return {"band": band, "size": 10 * band + np.rint(rng.normal(0.0, 3.0, len(band))).astype(np.int64)}
+
+
+@FEATURED.register("informative")
+def informative(size: int, rng: np.random.Generator) -> tuple[np.ndarray, Features]:
+    """``_banded`` rates; the features say each prompt's band."""
+    rates, band = _banded(size, rng)
+    return rates, _columns(band, rng)
+
+
+@FEATURED.register("uninformative")
+def uninformative(size: int, rng: np.random.Generator) -> tuple[np.ndarray, Features]:
+    """``_banded`` rates; the features are another prompt's (independent of the rate)."""
+    rates, band = _banded(size, rng)
+    return rates, _columns(rng.permutation(band), rng)
+
+
+@FEATURED.register("misleading")
+def misleading(size: int, rng: np.random.Generator) -> tuple[np.ndarray, Features]:
+    """``_banded`` rates; for a random half of the prompts the features say the opposite band (easy for unsolvable),
+    as a stale difficulty label would."""
+    rates, band = _banded(size, rng)
+    flip = rng.uniform(size=size) < 0.5
+    return rates, _columns(np.where(flip, 3 - band, band), rng)
+
+
+def make_features(spec: str, size: int, *, seed: int = 0) -> tuple[np.ndarray, Features]:
+    """``(rates, features)`` for ``size`` prompts of ``features:NAME`` (``FEATURED``); other specs have no features."""
+    if not spec.startswith("features:"):
+        return make_population(spec, size, seed=seed), {}
+    try:
+        fn = FEATURED.get(spec[len("features:"):])
+    except KeyError as exc:
+        raise ConfigError(f"population: {exc.args[0]}") from None
+    rates, features = fn(size, np.random.default_rng([seed, 7919]))
+    return np.asarray(rates, np.float64), {k: np.asarray(v) for k, v in features.items()}
+
+
 def make_population(spec: str, size: int, *, seed: int = 0) -> np.ndarray:
-    """Success rates for ``size`` prompts: a registered name, ``beta:A,B`` or ``file:PATH`` (one rate per line).
+    """Success rates for ``size`` prompts: a registered name, ``beta:A,B``, ``features:NAME`` (the rates of a
+    featured population) or ``file:PATH`` (one rate per line).
 
     A file population is used as is (its length sets the pool size; ``size`` is ignored).
     """
     rng = np.random.default_rng([seed, 7919])
+    if spec.startswith("features:"):
+        return make_features(spec, size, seed=seed)[0]
     if spec.startswith("file:"):
         path = Path(spec[5:])
         if not path.is_file():
@@ -97,19 +155,25 @@ class SimulatedEnv:
         config: Token-length model (``SimulatedEnvConfig`` or a dict).
         reward_fn: Optional ``f(rates [m], u [m], seeds [m]) -> rewards [m]``; default Bernoulli ``u < rate``
             (continuous-reward simulators plug in here).
+        features: ``Prompt.metadata`` columns (``{key: values [P]}``); a ``features:NAME`` spec brings its own.
     """
 
     def __init__(self, rates: ArrayLike | str, *, size: int = 10_000, seed: int = 0,
                  config: SimulatedEnvConfig | dict | None = None,
-                 reward_fn: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None) -> None:
-        self.rates = make_population(rates, size, seed=seed) if isinstance(rates, str) else np.asarray(rates, np.float64)
+                 reward_fn: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
+                 features: Features | None = None) -> None:
+        if isinstance(rates, str):
+            self.rates, own = make_features(rates, size, seed=seed)
+            features = features if features is not None else own
+        else:
+            self.rates = np.asarray(rates, np.float64)
         if self.rates.ndim != 1 or not np.all((self.rates >= 0) & (self.rates <= 1)):
             raise ConfigError("SimulatedEnv: field 'rates': must be a 1-D array of success rates in [0, 1]")
         if config is None or isinstance(config, dict):
             config = validate_config(SimulatedEnvConfig, config or {}, what="SimulatedEnv")
         self.config = config
         self.reward_fn = reward_fn
-        self.prompts: Sequence[Prompt] = _LazyPrompts(len(self.rates))
+        self.prompts: Sequence[Prompt] = _LazyPrompts(len(self.rates), features or {})
         self.calls = 0
 
     def rewards(self, pool_index: np.ndarray, seeds: np.ndarray) -> np.ndarray:
@@ -164,10 +228,16 @@ def _normal_from_seeds(seeds: np.ndarray) -> np.ndarray:
 
 
 class _LazyPrompts(Sequence[Prompt]):
-    """``Prompt(id="sim-<i>")`` for every pool index, built on access (a pool of millions costs nothing)."""
+    """``Prompt(id="sim-<i>", metadata=<the features of i>)`` for every pool index, built on access (a pool of
+    millions costs nothing)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, features: Features) -> None:
         self._size = size
+        for key, col in features.items():
+            if len(col) != size:
+                raise ConfigError(f"SimulatedEnv: field 'features': column {key!r} has {len(col)} values for {size} "
+                                  "prompts")
+        self._features = features
 
     def __len__(self) -> int:
         return self._size
@@ -178,4 +248,5 @@ class _LazyPrompts(Sequence[Prompt]):
         i = int(i)
         if not -self._size <= i < self._size:
             raise IndexError(i)
-        return Prompt(id=f"sim-{i % self._size}")
+        i %= self._size
+        return Prompt(id=f"sim-{i}", metadata={k: v[i].item() for k, v in self._features.items()})
