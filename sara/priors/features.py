@@ -19,13 +19,13 @@ sampler), as with any population prior.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from sara.priors.grid import GridPrior, grid_loglik
-from sara.priors.grouped import GroupedGridPrior, _hashable
+from sara.priors.grouped import GroupedGridPrior, metadata_values, value_codes
 from sara.types import Prompt
 from sara.units import UnitTable
 
@@ -39,7 +39,7 @@ NUMERIC_BINS = 6
 LENGTH = "<length>"
 """The candidate name of the prompt's length in characters."""
 SCAN_LIMIT = 2_000_000
-"""Pools larger than this are split by a lazy pool's own features only if ``probes`` found some (see below)."""
+"""Pools larger than this are not scanned (one population)."""
 
 
 def _length(p: Prompt) -> int:
@@ -64,7 +64,7 @@ def feature_splits(prompts: Sequence[Prompt], *, probes: int = 64) -> dict[str, 
     with 2..``MAX_CATEGORIES`` distinct values (by value), numeric keys with more (``NUMERIC_BINS`` quantile bins),
     and the prompt length in characters (``LENGTH``, quantile bins). A prompt without a key gets its own group.
     Features with one value are no candidates. A pool whose first ``probes`` evenly spaced prompts carry neither
-    metadata nor text (a lazy simulated pool) is not scanned."""
+    metadata nor text (a lazy simulated pool), or one over ``SCAN_LIMIT`` prompts, is not scanned."""
     size = len(prompts)
     if size == 0:
         return {}
@@ -74,13 +74,12 @@ def feature_splits(prompts: Sequence[Prompt], *, probes: int = 64) -> dict[str, 
     rows = [prompts[i] for i in range(size)]
     out: dict[str, np.ndarray] = {}
     for key in sorted({k for p in rows for k in p.metadata}):
-        values = [_hashable(p.metadata.get(key)) for p in rows]
-        names = list(dict.fromkeys(values))
-        if len(names) < 2:
+        values = metadata_values(rows, key)
+        distinct = len(set(values))
+        if distinct < 2:
             continue
-        if len(names) <= MAX_CATEGORIES:
-            index: dict[Hashable, int] = {v: i for i, v in enumerate(names)}
-            out[key] = np.asarray([index[v] for v in values], np.int64)
+        if distinct <= MAX_CATEGORIES:
+            out[key] = value_codes(values)
         elif all(_is_number(v) for v in values):
             labels = _bins(np.asarray(values, np.float64), NUMERIC_BINS)
             if labels is not None:

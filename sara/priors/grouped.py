@@ -29,7 +29,7 @@ from sara.priors.grid import GridPrior, em_weights
 from sara.types import Prompt
 from sara.units import UnitTable
 
-__all__ = ["GroupedGridPrior", "group_labels", "prompt_groups", "MAX_GROUPS"]
+__all__ = ["GroupedGridPrior", "group_labels", "metadata_values", "prompt_groups", "value_codes", "MAX_GROUPS"]
 
 MAX_GROUPS = 256
 """More distinct values than this is a ConfigError: a per-group fit needs data per group."""
@@ -41,7 +41,7 @@ def group_labels(prompts: Sequence[Prompt], key: str) -> tuple[np.ndarray, list[
     Raises:
         ConfigError: naming ``group_by`` when no prompt has ``key`` or when it has more than ``MAX_GROUPS`` values.
     """
-    values = [_hashable(p.metadata.get(key)) for p in prompts]
+    values = metadata_values(prompts, key)
     if prompts and all(v is None for v in values):
         keys = sorted({k for p in prompts for k in p.metadata})
         raise ConfigError(f"sara: field 'group_by': no prompt has metadata key {key!r}; keys present: "
@@ -50,8 +50,18 @@ def group_labels(prompts: Sequence[Prompt], key: str) -> tuple[np.ndarray, list[
     if len(names) > MAX_GROUPS:
         raise ConfigError(f"sara: field 'group_by': metadata key {key!r} has {len(names)} distinct values (at most "
                           f"{MAX_GROUPS}); group by a coarser feature")
-    index = {v: i for i, v in enumerate(names)}
-    return np.asarray([index[v] for v in values], np.int64), names
+    return value_codes(values, names), names
+
+
+def metadata_values(prompts: Sequence[Prompt], key: str) -> list[Hashable]:
+    """``Prompt.metadata[key]`` of every prompt, hashable (lists as tuples, dicts as sorted pairs; missing: None)."""
+    return [_hashable(p.metadata.get(key)) for p in prompts]
+
+
+def value_codes(values: Sequence[Hashable], names: Sequence[Hashable] | None = None) -> np.ndarray:
+    """The index of each value in ``names`` (default: the distinct values in order of first appearance)."""
+    index = {v: i for i, v in enumerate(dict.fromkeys(values) if names is None else names)}
+    return np.asarray([index[v] for v in values], np.int64)
 
 
 def prompt_groups(prior: Prior | None) -> np.ndarray | None:

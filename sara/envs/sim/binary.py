@@ -104,9 +104,9 @@ def make_population(spec: str, size: int, *, seed: int = 0) -> np.ndarray:
 
     A file population is used as is (its length sets the pool size; ``size`` is ignored).
     """
-    rng = np.random.default_rng([seed, 7919])
     if spec.startswith("features:"):
         return make_features(spec, size, seed=seed)[0]
+    rng = np.random.default_rng([seed, 7919])
     if spec.startswith("file:"):
         path = Path(spec[5:])
         if not path.is_file():
