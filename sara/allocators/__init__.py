@@ -27,6 +27,7 @@ from sara.allocators.sara import SARAAllocator, SARAConfig
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingConfig, UniformAllocator
 from sara.config import ConfigError
+from sara.priors.grid import GridPrior
 from sara.priors.history import HistoryPrior, HistorySource
 from sara.priors.posteriors import p_effective
 from sara.registry import Registry, subclass_of
@@ -44,12 +45,14 @@ __all__ = [
     "DynamicSamplingConfig",
     "EffectivenessModel",
     "GroupsPrompts",
+    "LendsPopulation",
     "SARAAllocator",
     "SARAConfig",
     "SARAPaperAllocator",
     "SARAPaperConfig",
     "SequentialAllocator",
     "SequentialConfig",
+    "TakesPopulation",
     "UniformAllocator",
     "UnitStatus",
     "UnitTable",
@@ -87,6 +90,20 @@ class GroupsPrompts(Protocol):
     group_by_given: bool
 
     def group_prompts(self, prompts: Sequence[Prompt]) -> bool: ...
+
+
+@runtime_checkable
+class LendsPopulation(Protocol):
+    """An allocator whose population prior is a grid mixture it can lend to a sampler (``sara``)."""
+
+    def lend_population(self) -> GridPrior | None: ...
+
+
+@runtime_checkable
+class TakesPopulation(Protocol):
+    """A sampler that can score prompts under an allocator's grid population (the predictive sampler)."""
+
+    def use_population(self, prior: GridPrior) -> bool: ...
 
 
 def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defaults: Any) -> BudgetAllocator:
@@ -132,6 +149,10 @@ def compose(allocator: BudgetAllocator, sampler: Any,
     With the pool's ``prompts`` (indexed by pool index), an allocator that splits its population prior by a prompt
     feature (``GroupsPrompts``: ``sara:group_by=KEY``) gets them.
 
+    Last, a sampler that scores prompts under a population (``TakesPopulation``: the predictive sampler) gets the
+    allocator's grid population prior (``LendsPopulation``: ``sara``), split by prompt group when the allocator
+    groups, so prompts never drawn are scored by what their group's closed prompts showed.
+
     Returns:
         ``(allocator, sampler)``, the same objects (the allocator's prior possibly replaced).
     """
@@ -143,4 +164,8 @@ def compose(allocator: BudgetAllocator, sampler: Any,
         elif allocator.group_by_given:
             raise ConfigError(f"{allocator.name}: field 'group_by' needs the pool's prompts: call compose(allocator, "
                               "sampler, prompts=env.prompts)")
+    if isinstance(sampler, TakesPopulation) and isinstance(allocator, LendsPopulation):
+        population = allocator.lend_population()
+        if population is not None:
+            sampler.use_population(population)
     return allocator, sampler

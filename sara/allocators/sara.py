@@ -180,6 +180,12 @@ class SARAAllocator(SARABase):
             self.prior.base = grouped  # type: ignore[attr-defined]
         return True
 
+    def lend_population(self) -> GridPrior | None:
+        """The grid population prior the rule reads (split by prompt group under ``group_by``), for a sampler to score
+        prompts with (``sara.allocators.compose``); None when a subclass's population is not a grid."""
+        base = population_of(self.prior)
+        return base if isinstance(base, GridPrior) else None
+
     def _population(self) -> GridPrior:
         return population_of(self.prior)  # type: ignore[return-value]
 

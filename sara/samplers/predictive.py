@@ -10,6 +10,14 @@ again as its evidence ages, so it is retried after a while (that is what makes d
 
 It composes with any allocator ("SARA + DPS"): the sampler decides *which* prompts enter, the allocator decides how
 many rollouts each gets. The driver feeds the step's observations back through ``update``.
+
+A prompt never drawn has no evidence of its own, so under the sampler's own Beta every unseen prompt scores alike and
+selection among them is uniform. An allocator with a population prior over a grid of success rates
+(``sara``: one mixture per value of a prompt feature under ``group_by``, learned from the features under
+``group_by=auto``) lends it through ``sara.allocators.compose`` (``use_population``); the sampler then scores each
+candidate under its group's mixture times the prompt's own decayed likelihood, so an unseen prompt of a band that
+rarely mixes (always solved, never solved) is passed over before its first rollout. That is
+``population=allocator``; the default, ``own``, keeps the sampler's Beta.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pydantic import Field
 
 from sara.config import SaraModel, validate_config
 from sara.priors.beta import EmpiricalBayesPrior
+from sara.priors.grid import GridPrior, grid_loglik
 from sara.priors.history import HistoryPrior
 from sara.priors.posteriors import p_effective
 from sara.samplers.base import PromptSampler
@@ -46,6 +55,10 @@ class PredictiveSamplerConfig(SaraModel):
     prompts that became useful, and bounds starvation."""
     max_evidence: float = Field(64.0, gt=0.0)
     """Cap on a prompt's decayed pseudo-count, so confident prompts can still be revisited after drift."""
+    population: Literal["own", "allocator"] = "own"
+    """Prior under each prompt's history: 'own', the sampler's empirical-Bayes Beta (unseen prompts score alike);
+    'allocator', the grid population an allocator lends through ``compose`` (``sara``'s, one mixture per prompt
+    group under ``group_by``; see the module docstring), or the sampler's Beta when none is lent."""
 
 
 class PredictiveSampler(PromptSampler):
@@ -68,15 +81,42 @@ class PredictiveSampler(PromptSampler):
         self.visits = np.zeros(self.pool_size, np.int64)  # times each prompt was drawn (starvation analysis)
         self._taken = np.zeros(self.pool_size, bool)  # drawn in the running step
         self._calls = 0  # draws in the running step (seeds the draw)
+        self.population: GridPrior | None = None  # lent by an allocator (``use_population``); read, never updated
+
+    def use_population(self, prior: GridPrior) -> bool:
+        """Score candidates under ``prior`` (an allocator's grid population, owned and fitted by the allocator).
+        Called by ``sara.allocators.compose``; False (nothing changed) unless ``population=allocator``."""
+        if self.config.population != "allocator":
+            return False
+        self.population = prior
+        return True
 
     def scores(self, pool_index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Probability that a size-k group of each prompt is mixed (Thompson draw or posterior predictive)."""
-        prm = self.posterior.params(pool_index)
         k = self.config.k
+        if self.population is not None:
+            return self._grid_scores(np.asarray(pool_index, np.int64), rng)
+        prm = self.posterior.params(pool_index)
         if self.config.selection == "mean":
             return np.asarray(p_effective(0, 0, k, prm["alpha0"], prm["beta0"]))
         p = rng.beta(prm["alpha0"], prm["beta0"])
         return 1.0 - p**k - (1.0 - p) ** k
+
+    def _grid_scores(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``scores`` under the lent population: each prompt's posterior over the grid is its group's mixture times
+        the likelihood of its decayed history; Thompson draws a grid point from it, 'mean' integrates."""
+        pop, k = self.population, self.config.k
+        assert pop is not None
+        s, f = self.posterior.evidence(idx)
+        ll = grid_loglik(pop.grid, s, f)  # [m, G]
+        post = pop.group_weights()[pop.unit_groups(idx)] * np.exp(ll - ll.max(1, keepdims=True))
+        post /= np.maximum(post.sum(1, keepdims=True), 1e-300)
+        mixed = 1.0 - pop.grid**k - (1.0 - pop.grid) ** k  # [G]
+        if self.config.selection == "mean":
+            return post @ mixed
+        cdf = np.cumsum(post, 1)
+        at = np.minimum((cdf < rng.random((len(idx), 1)) * cdf[:, -1:]).sum(1), len(mixed) - 1)
+        return mixed[at]
 
     def sample(self, m: int) -> np.ndarray:
         free = np.flatnonzero(~self._taken)

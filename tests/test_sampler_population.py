@@ -1,0 +1,89 @@
+"""The predictive sampler scoring prompts under an allocator's grid population (``population=allocator``): prompts
+never drawn are scored by their group's mixture, refined by their own history; ``compose`` lends the population."""
+
+import numpy as np
+import pytest
+
+from sara.allocators import compose, make_allocator
+from sara.driver import collect
+from sara.envs.sim.binary import SimulatedEnv
+from sara.priors.grouped import GroupedGridPrior
+from sara.samplers import make_sampler
+from sara.types import Prompt
+
+K = 8
+POOL = 400
+
+
+def _two_bands() -> GroupedGridPrior:
+    """Even pool indices: never solved (all mass at p = 0); odd ones: p = 0.5."""
+    prior = GroupedGridPrior(np.arange(POOL) % 2)
+    grid = prior.grid
+    prior.group_w = np.stack([(grid == 0.0).astype(float), (grid == 0.5).astype(float)])
+    return prior
+
+
+def _sampler(spec: str):
+    sampler = make_sampler(spec, POOL, seed=3, k=K)
+    sampler.use_population(_two_bands())
+    return sampler
+
+
+@pytest.mark.parametrize("selection", ["mean", "thompson"])
+def test_unseen_prompts_of_a_band_that_never_mixes_are_passed_over(selection):
+    lent = _sampler(f"predictive:population=allocator,selection={selection},explore=0")
+    picked = lent.sample(40)
+    assert len(picked) == 40 and np.all(picked % 2 == 1)
+    own = _sampler(f"predictive:selection={selection},explore=0")  # the default ignores a lent population
+    assert own.population is None
+    assert 5 < int(np.sum(own.sample(40) % 2 == 0)) < 35  # unseen prompts score alike: about half from each band
+
+
+def test_exploration_still_reaches_every_band():
+    lent = _sampler("predictive:population=allocator,selection=mean,explore=0.5")
+    picked = lent.sample(100)
+    assert np.any(picked % 2 == 0) and np.any(picked % 2 == 1)
+
+
+def test_a_prompts_history_refines_its_groups_mixture():
+    sampler = make_sampler("predictive:population=allocator,selection=mean", POOL, seed=0, k=K)
+    prior = GroupedGridPrior(np.zeros(POOL, np.int64))  # one group: the uniform grid
+    sampler.use_population(prior)
+    sampler.update(np.array([1, 2]), np.array([8, 8]), np.array([0, 4]), step=0)  # 1: 0/8, 2: 4/8, 3: unseen
+    scores = sampler.scores(np.array([1, 2, 3]), np.random.default_rng(0))
+    assert scores[0] < scores[2] < scores[1]
+    # The lent population is read live: refitting it moves the scores of unseen prompts.
+    prior.group_w = (prior.grid == 1.0).astype(float)[None]
+    assert sampler.scores(np.array([3]), np.random.default_rng(0))[0] == pytest.approx(0.0)
+
+
+def test_compose_lends_the_allocators_population_only_when_asked():
+    prompts = [Prompt(id=f"p{i}", metadata={"band": i % 2}) for i in range(POOL)]
+    allocator, sampler = compose(make_allocator("sara:group_by=band", k=K),
+                                 make_sampler("predictive:population=allocator", POOL, k=K), prompts)
+    assert isinstance(sampler.population, GroupedGridPrior)
+    assert sampler.population is allocator.lend_population()  # one object, fitted by the allocator
+    _, own = compose(make_allocator("sara:group_by=band", k=K), make_sampler("predictive", POOL, k=K), prompts)
+    assert own.population is None
+    _, with_ds = compose(make_allocator("ds", k=K), make_sampler("predictive:population=allocator", POOL, k=K),
+                         prompts)
+    assert with_ds.population is None  # DS has no population to lend: the sampler's own Beta
+
+
+def _cost(spec: str, sampler: str, population: str, steps: int = 8, seed: int = 0) -> float:
+    env = SimulatedEnv(population, size=6000, seed=seed)
+    allocator, smp = compose(make_allocator(spec, k=K), make_sampler(sampler, 6000, seed=seed, k=K), env.prompts)
+    rollouts = effective = 0
+    for t in range(steps):
+        res = collect(allocator, env, smp, target_groups=128, seed=seed, step=t)
+        rollouts, effective = rollouts + res.stats.rollouts, effective + res.stats.effective_groups
+    return rollouts / effective
+
+
+def test_features_drive_selection_of_unseen_prompts_and_cost_nothing_when_uninformative():
+    own = "predictive:selection=mean"
+    lent = "predictive:population=allocator,selection=mean"
+    assert _cost("sara:group_by=auto", lent, "features:informative") < 0.98 * _cost(
+        "sara:group_by=auto", own, "features:informative")
+    assert _cost("sara:group_by=auto", lent, "features:uninformative") <= 1.01 * _cost(
+        "sara:group_by=auto", own, "features:uninformative")
