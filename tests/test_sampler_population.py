@@ -87,3 +87,21 @@ def test_features_drive_selection_of_unseen_prompts_and_cost_nothing_when_uninfo
         "sara:group_by=auto", own, "features:informative")
     assert _cost("sara:group_by=auto", lent, "features:uninformative") <= 1.01 * _cost(
         "sara:group_by=auto", own, "features:uninformative")
+
+
+def test_a_resumed_pair_scores_as_the_original():
+    env = SimulatedEnv("features:informative", size=2000, seed=1)
+    spec, smp_spec = "sara:group_by=auto", "predictive:population=allocator,selection=mean"
+
+    def pair():
+        return compose(make_allocator(spec, k=K), make_sampler(smp_spec, 2000, seed=1, k=K), env.prompts)
+
+    allocator, sampler = pair()
+    for t in range(3):
+        collect(allocator, env, sampler, target_groups=64, seed=1, step=t)
+    fresh_alloc, fresh_smp = pair()
+    fresh_alloc.load_state_dict(allocator.state_dict())
+    fresh_smp.load_state_dict(sampler.state_dict())
+    assert fresh_smp.population is fresh_alloc.lend_population()
+    idx = np.arange(2000)
+    assert np.array_equal(fresh_smp.scores(idx, np.random.default_rng(0)), sampler.scores(idx, np.random.default_rng(0)))
