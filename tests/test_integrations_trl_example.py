@@ -46,11 +46,18 @@ def test_example_trains_through_async_grpo_with_variable_size_groups(tiny_model_
     out = json.loads(out_json.read_text())
     steps = [rec for rec in out["log_history"] if "loss" in rec]
     assert [rec["step"] for rec in steps] == [1, 2]  # TRL's loss, logged per optimizer step
+    # The worker publishes sara/ metrics once per collection, before that collection's samples: the first optimizer
+    # step always has some; a later one has them only if a collection finished in its window (the worker runs ahead
+    # asynchronously, so a step can train on groups collected earlier).
+    assert "sara/rollouts_total" in steps[0]
     for rec in steps:
+        assert 0.0 <= rec["reward"] <= 1.0
+        if "sara/rollouts_total" not in rec:
+            assert not any(key.startswith("sara/") for key in rec)
+            continue
         assert rec["sara/rollouts_total"] > 0 and rec["sara/committed_groups_total"] > 0
         assert rec["sara/effective_fraction"] == 1.0  # SARA commits mixed groups only
         assert "sara/rollouts_saved_vs_ds" in rec and "sara/group_size_mean" in rec
-        assert 0.0 <= rec["reward"] <= 1.0
     sizes = out["trained_group_sizes"]
     assert len(set(sizes)) > 1 and min(sizes) >= 2, f"groups of one size only reached the trainer: {sizes}"
     # cold sync + one sync per optimizer step, each loaded into the generating backend under the trainer's version
