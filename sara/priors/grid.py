@@ -18,7 +18,7 @@ import numpy as np
 from sara.priors.base import Prior
 from sara.units import UnitTable
 
-__all__ = ["GRID_POINTS", "GridPrior", "beta_on_grid", "em_weights", "grid_loglik", "p_mixed_given"]
+__all__ = ["GRID_POINTS", "GridPrior", "beta_on_grid", "em_weights", "grid_loglik", "grid_posterior", "p_mixed_given"]
 
 GRID_POINTS = 65
 
@@ -163,6 +163,14 @@ class GridPrior(Prior):
         self._fitted_on = int(state["fitted_on"])
 
 
+def grid_posterior(weights: np.ndarray, grid: np.ndarray, s: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """``[m, G]`` posterior over ``grid`` of m prompts with ``s`` successes and ``f`` failures (``[m]`` each) under
+    grid mixtures ``weights`` (``[G]``, or one row per prompt)."""
+    ll = grid_loglik(grid, np.asarray(s, np.float64), np.asarray(f, np.float64))
+    post = np.atleast_2d(weights) * np.exp(ll - ll.max(1, keepdims=True))
+    return post / np.maximum(post.sum(1, keepdims=True), 1e-300)
+
+
 def p_mixed_given(weights: np.ndarray, grid: np.ndarray, n: np.ndarray, s: np.ndarray, k: int,
                   hist_s: np.ndarray | float = 0.0, hist_f: np.ndarray | float = 0.0) -> np.ndarray:
     """P(the full size-k group is mixed | a prefix of n rollouts with s successes) under grid mixtures ``weights``
@@ -170,9 +178,7 @@ def p_mixed_given(weights: np.ndarray, grid: np.ndarray, n: np.ndarray, s: np.nd
     prefix."""
     n = np.asarray(n, np.float64)
     s = np.asarray(s, np.float64)
-    ll = grid_loglik(grid, hist_s + s, hist_f + n - s)
-    post = np.atleast_2d(weights) * np.exp(ll - ll.max(1, keepdims=True))
-    post /= np.maximum(post.sum(1, keepdims=True), 1e-300)
+    post = grid_posterior(weights, grid, hist_s + s, hist_f + n - s)
     rest = (k - n)[:, None]
     same = np.where((s == 0)[:, None], (1.0 - grid)[None] ** rest, grid[None] ** rest)
     return np.where((s > 0) & (s < n), 1.0, 1.0 - (post * same).sum(1))

@@ -30,7 +30,7 @@ from pydantic import Field
 
 from sara.config import SaraModel, validate_config
 from sara.priors.beta import EmpiricalBayesPrior
-from sara.priors.grid import GridPrior, grid_loglik
+from sara.priors.grid import GridPrior, grid_posterior
 from sara.priors.history import HistoryPrior
 from sara.priors.posteriors import p_effective
 from sara.samplers.base import PromptSampler
@@ -107,10 +107,7 @@ class PredictiveSampler(PromptSampler):
         the likelihood of its decayed history; Thompson draws a grid point from it, 'mean' integrates."""
         pop, k = self.population, self.config.k
         assert pop is not None
-        s, f = self.posterior.evidence(idx)
-        ll = grid_loglik(pop.grid, s, f)  # [m, G]
-        post = pop.group_weights()[pop.unit_groups(idx)] * np.exp(ll - ll.max(1, keepdims=True))
-        post /= np.maximum(post.sum(1, keepdims=True), 1e-300)
+        post = grid_posterior(pop.group_weights()[pop.unit_groups(idx)], pop.grid, *self.posterior.evidence(idx))
         mixed = 1.0 - pop.grid**k - (1.0 - pop.grid) ** k  # [G]
         if self.config.selection == "mean":
             return post @ mixed
