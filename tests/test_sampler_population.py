@@ -3,6 +3,7 @@ never drawn are scored by their group's mixture, refined by their own history; `
 
 import numpy as np
 import pytest
+from test_feature_prior import _run  # one simulated run of an allocator x sampler pair
 
 from sara.allocators import compose, make_allocator
 from sara.driver import collect
@@ -70,23 +71,14 @@ def test_compose_lends_the_allocators_population_only_when_asked():
     assert with_ds.population is None  # DS has no population to lend: the sampler's own Beta
 
 
-def _cost(spec: str, sampler: str, population: str, steps: int = 8, seed: int = 0) -> float:
-    env = SimulatedEnv(population, size=6000, seed=seed)
-    allocator, smp = compose(make_allocator(spec, k=K), make_sampler(sampler, 6000, seed=seed, k=K), env.prompts)
-    rollouts = effective = 0
-    for t in range(steps):
-        res = collect(allocator, env, smp, target_groups=128, seed=seed, step=t)
-        rollouts, effective = rollouts + res.stats.rollouts, effective + res.stats.effective_groups
-    return rollouts / effective
-
-
 def test_features_drive_selection_of_unseen_prompts_and_cost_nothing_when_uninformative():
+    def cost(sampler: str, population: str) -> float:
+        return _run("sara:group_by=auto", population, steps=8, sampler=sampler)[0]
+
     own = "predictive:selection=mean"
     lent = "predictive:population=allocator,selection=mean"
-    assert _cost("sara:group_by=auto", lent, "features:informative") < 0.98 * _cost(
-        "sara:group_by=auto", own, "features:informative")
-    assert _cost("sara:group_by=auto", lent, "features:uninformative") <= 1.01 * _cost(
-        "sara:group_by=auto", own, "features:uninformative")
+    assert cost(lent, "features:informative") < 0.98 * cost(own, "features:informative")
+    assert cost(lent, "features:uninformative") <= 1.01 * cost(own, "features:uninformative")
 
 
 def test_a_resumed_pair_scores_as_the_original():

@@ -95,18 +95,17 @@ class PredictiveSampler(PromptSampler):
         """Probability that a size-k group of each prompt is mixed (Thompson draw or posterior predictive)."""
         k = self.config.k
         if self.population is not None:
-            return self._grid_scores(np.asarray(pool_index, np.int64), rng)
+            return self._grid_scores(self.population, np.asarray(pool_index, np.int64), rng)
         prm = self.posterior.params(pool_index)
         if self.config.selection == "mean":
             return np.asarray(p_effective(0, 0, k, prm["alpha0"], prm["beta0"]))
         p = rng.beta(prm["alpha0"], prm["beta0"])
         return 1.0 - p**k - (1.0 - p) ** k
 
-    def _grid_scores(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """``scores`` under the lent population: each prompt's posterior over the grid is its group's mixture times
-        the likelihood of its decayed history; Thompson draws a grid point from it, 'mean' integrates."""
-        pop, k = self.population, self.config.k
-        assert pop is not None
+    def _grid_scores(self, pop: GridPrior, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``scores`` under the lent population ``pop``: each prompt's posterior over the grid is its group's mixture
+        times the likelihood of its decayed history; Thompson draws a grid point from it, 'mean' integrates."""
+        k = self.config.k
         post = grid_posterior(pop.group_weights()[pop.unit_groups(idx)], pop.grid, *self.posterior.evidence(idx))
         mixed = 1.0 - pop.grid**k - (1.0 - pop.grid) ** k  # [G]
         if self.config.selection == "mean":
