@@ -1,6 +1,8 @@
 """``sara:group_by=auto``: the population prior split by the prompt feature that predicts outcomes best, chosen
 online by prequential likelihood; and the simulator's featured populations it is measured on."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from sara.priors import BorrowedHistory
 from sara.priors.features import LENGTH, NUMERIC_BINS, FeatureGroupedPrior, feature_splits
 from sara.samplers import UniformSampler, make_sampler
 from sara.testing import check_allocator
+from sara.train.state_checks import check_values
 from sara.types import Prompt
 
 K = 8
@@ -89,6 +92,7 @@ def test_state_round_trip_and_conformance():
     assert fresh.prior.feature == allocator.prior.feature
     assert np.array_equal(fresh.prior.group_weights(), allocator.prior.group_weights())
     assert np.array_equal(fresh.prior.scores, allocator.prior.scores)
+    check_values(allocator.state_dict(), Path("ckpt"), "allocator")  # what a resumed trainer accepts: no negatives
     other, _ = compose(make_allocator("sara:group_by=auto", k=K), UniformSampler(60, seed=0),
                        [Prompt(id=f"p{i}", metadata={"x": i % 2}) for i in range(60)])
     with pytest.raises(ValueError, match="features"):

@@ -9,6 +9,7 @@ from sara.config import ConfigError
 from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
 from sara.priors import BorrowedHistory
+from sara.priors.features import FeatureGroupedPrior
 from sara.priors.grid import GridPrior
 from sara.priors.grouped import MAX_GROUPS, GroupedGridPrior, group_labels
 from sara.samplers import UniformSampler, make_sampler
@@ -76,7 +77,7 @@ def test_grouped_fit_separates_what_the_pooled_fit_blurs():
 
 
 def test_group_by_costs_fewer_rollouts_per_effective_group_in_collect():
-    pooled, _ = _cost("sara")
+    pooled, _ = _cost("sara:group_by=none")
     grouped, allocator = _cost("sara:group_by=band")
     assert isinstance(allocator.prior, GroupedGridPrior)
     assert grouped < 0.9 * pooled, (grouped, pooled)
@@ -101,7 +102,10 @@ def test_compose_wires_prompts_and_the_predictive_history():
     history, _ = compose(make_allocator("sara:group_by=band,prior=history", k=K), UniformSampler(200, seed=0), prompts)
     assert isinstance(history.prior.base, GroupedGridPrior)
     plain, _ = compose(make_allocator("sara", k=K), UniformSampler(200, seed=0), prompts)
-    assert type(plain.prior) is GridPrior  # the default key (component) is absent: one population, no error
+    assert isinstance(plain.prior, FeatureGroupedPrior)  # no component: the default learns the split, no error
+    bare = [Prompt(id=f"p{i}") for i in range(200)]
+    one, _ = compose(make_allocator("sara", k=K), UniformSampler(200, seed=0), bare)
+    assert type(one.prior) is GridPrior  # prompts without features: one population
 
 
 def test_the_default_groups_a_mixtures_components():
@@ -114,6 +118,29 @@ def test_the_default_groups_a_mixtures_components():
     assert type(unwired.prior) is GridPrior
     paper, _ = compose(make_allocator("sara_paper", k=K), UniformSampler(60, seed=0), prompts)
     assert type(paper.prior).__name__ == "ConstantPrior"  # the paper rule has one population, never grouped
+
+
+def test_group_by_tries_its_keys_in_order():
+    prompts = [Prompt(id=f"p{i}", metadata={"band": "hard" if i % 2 else "mid", "level": i % 3}) for i in range(60)]
+
+    def prior(spec: str, pool: list[Prompt] = prompts) -> object:
+        return compose(make_allocator(spec, k=K), UniformSampler(len(pool), seed=0), pool)[0].prior
+
+    first, fallback = prior("sara:group_by=band|level"), prior("sara:group_by=component|level")
+    assert isinstance(first, GroupedGridPrior) and first.names == ["mid", "hard"]
+    assert isinstance(fallback, GroupedGridPrior) and fallback.names == [0, 1, 2]
+    assert isinstance(prior("sara:group_by=source|auto"), FeatureGroupedPrior)
+    labelled = [Prompt(id=f"p{i}", metadata={"component": "a" if i % 2 else "b", "band": i % 3}) for i in range(60)]
+    default = prior("sara", labelled)
+    assert isinstance(default, GroupedGridPrior) and default.names == ["b", "a"]  # a mixture: its components
+    with pytest.raises(ConfigError, match=r"group_by.*any of the metadata keys \['source', 'x'\].*band"):
+        prior("sara:group_by=source|x")
+    with pytest.raises(ConfigError, match="group_by.*put it last"):
+        make_allocator("sara:group_by=auto|band", k=K)
+    with pytest.raises(ConfigError, match="group_by.*empty or 'none'"):
+        make_allocator("sara:group_by=band|none", k=K)
+    assert make_allocator("sara", k=K).config.group_keys == ("component", "auto")
+    assert make_allocator("sara:group_by=none", k=K).config.group_keys == ()
 
 
 def test_group_by_is_the_optimal_rules_option():

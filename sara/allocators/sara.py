@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sara.allocators.optimal import RuleCache, drain_decisions, optimal_decisions
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
+from sara.config import ConfigError
 from sara.priors.base import Prior, population_of
 from sara.priors.grid import GridPrior
 from sara.priors.history import BorrowedHistory, HistoryPrior
@@ -71,14 +72,16 @@ class SARAConfig(PriorOptions):
     price per group (0.04: +1-2% rollouts per effective group in the simulator; docs/allocation.md)."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
-    group_by: str | None = "component"
-    """A ``Prompt.metadata`` key whose values split the population prior into groups (one grid mixture per value,
-    shrunk toward the pooled fit, one optimum across them; ``sara.priors.grouped``), e.g. ``component``
-    (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH). ``auto``: learn online which
-    feature to split by (every metadata key and the prompt length, chosen by prequential likelihood;
-    ``sara.priors.features``). Needs the pool's prompts, which ``sara.allocators.compose(..., prompts=)`` hands over
-    (the trainer and the benches do). The default, ``component``, groups a mixture's components and leaves any other
-    pool one population; a key you give must exist. None: one population."""
+    group_by: str | None = "component|auto"
+    """Where the population prior's groups come from (one grid mixture per group, shrunk toward the pooled fit, one
+    optimum across them; ``sara.priors.grouped``): a ``Prompt.metadata`` key whose values are the groups, e.g.
+    ``component`` (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH); ``auto``, the feature
+    learned online (every metadata key and the prompt length, chosen by prequential likelihood;
+    ``sara.priors.features``); or several joined by ``|``, tried in order, the first the pool carries winning
+    (``auto`` always applies, so it can only come last). The default, ``component|auto``, groups a mixture by its
+    components and learns the split on any other pool (one population when the prompts carry no feature). Keys you
+    give must exist: a list none of whose keys the pool carries is an error. Needs the pool's prompts, which
+    ``sara.allocators.compose(..., prompts=)`` hands over (the trainer and the benches do). None: one population."""
     drain: bool = True
     """Once the step's target is covered, finish the units still probing whose remaining rollouts buy effective
     groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group, but every
@@ -91,8 +94,23 @@ class SARAConfig(PriorOptions):
 
     @field_validator("group_by", mode="before")
     @classmethod
-    def _none_key(cls, v: Any) -> Any:
-        return None if isinstance(v, str) and v.strip().lower() in ("", "none") else v  # spec strings: group_by=none
+    def _keys(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        if v.strip().lower() in ("", "none"):
+            return None  # spec strings: group_by=none
+        keys = [key.strip() for key in v.split("|")]
+        if any(not key or key.lower() == "none" for key in keys):
+            raise ValueError(f"{v!r} has an empty or 'none' entry; give keys joined by '|' (e.g. 'level|auto'), or "
+                             "'none' alone for one population")
+        if AUTO in keys[:-1]:
+            raise ValueError(f"{v!r}: 'auto' always applies, so keys after it are never used; put it last")
+        return "|".join(keys)
+
+    @property
+    def group_keys(self) -> tuple[str, ...]:
+        """The ``group_by`` candidates in order (empty: one population)."""
+        return tuple(self.group_by.split("|")) if self.group_by else ()
 
 
 class SARABase(SequentialAllocator):
@@ -154,13 +172,28 @@ class SARAAllocator(SARABase):
         return "group_by" in self.config.model_fields_set and self.config.group_by is not None
 
     def group_prompts(self, prompts: Sequence[Prompt]) -> bool:
-        """Split the population prior by ``Prompt.metadata[group_by]`` over the pool ``prompts`` (indexed by pool
-        index). Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset."""
+        """Split the population prior by the first ``group_by`` candidate the pool ``prompts`` (indexed by pool index)
+        carries. Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset or nothing
+        applies (the default on a pool without features: one population).
+
+        Raises:
+            ConfigError: naming ``group_by`` when a list you gave has no key the pool carries.
+        """
         from sara.priors.grouped import GroupedGridPrior, group_labels
 
-        key = self.config.group_by
-        if key is None or (key != AUTO and not self.group_by_given and not _has_key(prompts, key)):
-            return False  # unset, or the default key on a pool without it: one population
+        keys = self.config.group_keys
+        given = self.group_by_given
+        # A key you gave is looked for in every prompt; the default's in a sample (simulated pools are lazy).
+        key = next((k for k in keys if k == AUTO or (_has_key(prompts, k) if not given
+                                                     else any(k in p.metadata for p in prompts))), None)
+        if key is None:
+            if given and len(keys) > 1:
+                present = sorted({k for p in prompts for k in p.metadata})
+                raise ConfigError(f"sara: field 'group_by': no prompt has any of the metadata keys {list(keys)}; "
+                                  f"keys present: {', '.join(present) or '(none)'}; add 'auto' or drop group_by")
+            if given:
+                group_labels(prompts, keys[0])  # raises, naming the key and the keys present
+            return False  # unset, or the default on a pool without its key: one population
         holder = population_of(self.prior)
         if not isinstance(holder, GridPrior):
             raise TypeError(f"sara: group_by needs a grid prior to split, got {type(holder).__name__}")

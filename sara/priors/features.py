@@ -174,7 +174,9 @@ class FeatureGroupedPrior(GridPrior):
         return out
 
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
-        self.scores = self.decay * self.scores + self.step_loglik(pool_index, n, rsum)
+        scores = self.decay * self.scores + self.step_loglik(pool_index, n, rsum)
+        # Kept relative to the worst candidate: only differences choose, and a checkpoint holds no negative numbers.
+        self.scores = scores - scores.min()
         for c in self.candidates:
             c.update(pool_index, n, rsum, step)
         self._frozen = [c.group_weights().copy() for c in self.candidates]

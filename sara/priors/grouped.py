@@ -1,5 +1,5 @@
 """A population prior per group of prompts: ``sara:group_by=KEY`` (one grid mixture per value of a prompt feature;
-``sara``'s default ``group_by=component`` splits a ``sara/Mixture-v0`` pool by component).
+``sara``'s default ``group_by=component|auto`` splits a ``sara/Mixture-v0`` pool by component).
 
 A pool is rarely one population. Mixture components, MATH levels or Countdown sizes each have their own spread of
 success rates, and a single pooled prior blurs them: on the default pool (1- to 4-digit sums) a first failure says
