@@ -102,10 +102,10 @@ def test_compose_wires_prompts_and_the_predictive_history():
     history, _ = compose(make_allocator("sara:group_by=band,prior=history", k=K), UniformSampler(200, seed=0), prompts)
     assert isinstance(history.prior.base, GroupedGridPrior)
     plain, _ = compose(make_allocator("sara", k=K), UniformSampler(200, seed=0), prompts)
-    assert isinstance(plain.prior, FeatureGroupedPrior)  # no component: the default learns the split, no error
+    assert type(plain.prior) is GridPrior  # the default key (component) is absent: one population, no error
     bare = [Prompt(id=f"p{i}") for i in range(200)]
-    one, _ = compose(make_allocator("sara", k=K), UniformSampler(200, seed=0), bare)
-    assert type(one.prior) is GridPrior  # prompts without features: one population
+    one, _ = compose(make_allocator("sara:group_by=component|auto", k=K), UniformSampler(200, seed=0), bare)
+    assert type(one.prior) is GridPrior  # prompts without features: auto finds no split, one population
 
 
 def test_the_default_groups_a_mixtures_components():
@@ -131,15 +131,16 @@ def test_group_by_tries_its_keys_in_order():
     assert isinstance(fallback, GroupedGridPrior) and fallback.names == [0, 1, 2]
     assert isinstance(prior("sara:group_by=source|auto"), FeatureGroupedPrior)
     labelled = [Prompt(id=f"p{i}", metadata={"component": "a" if i % 2 else "b", "band": i % 3}) for i in range(60)]
-    default = prior("sara", labelled)
-    assert isinstance(default, GroupedGridPrior) and default.names == ["b", "a"]  # a mixture: its components
+    mixture = prior("sara:group_by=component|auto", labelled)
+    assert isinstance(mixture, GroupedGridPrior) and mixture.names == ["b", "a"]  # a mixture: its components
+    assert isinstance(prior("sara:group_by=component|auto"), FeatureGroupedPrior)  # no component: learned
     with pytest.raises(ConfigError, match=r"group_by.*any of the metadata keys \['source', 'x'\].*band"):
         prior("sara:group_by=source|x")
     with pytest.raises(ConfigError, match="group_by.*put it last"):
         make_allocator("sara:group_by=auto|band", k=K)
     with pytest.raises(ConfigError, match="group_by.*empty or 'none'"):
         make_allocator("sara:group_by=band|none", k=K)
-    assert make_allocator("sara", k=K).config.group_keys == ("component", "auto")
+    assert make_allocator("sara", k=K).config.group_keys == ("component",)
     assert make_allocator("sara:group_by=none", k=K).config.group_keys == ()
 
 

@@ -22,7 +22,8 @@ from sara.train.resume import check_resume  # noqa: E402
 
 CFG = {"task": "sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=8", "groups_per_step": 3, "k": 2, "steps": 2,
        "checkpoint_every": 1, "keep_checkpoints": 4, "eval": {"num_prompts": 4, "samples": 1, "greedy": False},
-       "threads": 1, "progress": False, "tensorboard": False, "scorer": "inline", "allocator": "sara",
+       "threads": 1, "progress": False, "tensorboard": False, "scorer": "inline",
+       "allocator": "sara:group_by=auto",  # the richest allocator state: one grouped prior per feature of the pool
        "policy_options": {"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}}}
 
 
@@ -112,6 +113,11 @@ WEIGHT = "learner.policy"
     (("learner", "optimizer", "state", 0, "exp_avg_sq"), "<negative>", "non-negative"),
     (("outcomes", "rows", 0), "<row 1>", "given twice"),
     (("outcomes", "rows", 0, 0), DELETE, "as every other row"),
+    # group_by=auto: one grouped prior per candidate split of the pool
+    (("allocator", "prior", "candidates", "none", "ghist", 0), np.arange(3), "expected a list of plain values"),
+    (("allocator", "prior", "scores"), [0.0], "1 scores for 2 candidates"),
+    (("allocator", "prior", "candidates", "op", "share"), [0.5], "1 group shares"),
+    (("allocator", "prior", "candidates", "bogus"), {}, "unexpected key 'bogus'"),
 ])
 def test_a_checkpoint_that_does_not_describe_this_run_is_skipped(run, tmp_path, where, value, needle):
     state = copy.deepcopy(run[1])

@@ -72,16 +72,16 @@ class SARAConfig(PriorOptions):
     price per group (0.04: +1-2% rollouts per effective group in the simulator; docs/allocation.md)."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
-    group_by: str | None = "component|auto"
+    group_by: str | None = "component"
     """Where the population prior's groups come from (one grid mixture per group, shrunk toward the pooled fit, one
     optimum across them; ``sara.priors.grouped``): a ``Prompt.metadata`` key whose values are the groups, e.g.
     ``component`` (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH); ``auto``, the feature
     learned online (every metadata key and the prompt length, chosen by prequential likelihood;
     ``sara.priors.features``); or several joined by ``|``, tried in order, the first the pool carries winning
-    (``auto`` always applies, so it can only come last). The default, ``component|auto``, groups a mixture by its
-    components and learns the split on any other pool (one population when the prompts carry no feature). Keys you
-    give must exist: a list none of whose keys the pool carries is an error. Needs the pool's prompts, which
-    ``sara.allocators.compose(..., prompts=)`` hands over (the trainer and the benches do). None: one population."""
+    (``auto`` always applies, so it can only come last: ``component|auto``). The default, ``component``, groups a
+    mixture by its components and leaves any other pool one population. Keys you give must exist: a list none of
+    whose keys the pool carries is an error. Needs the pool's prompts, which ``sara.allocators.compose(...,
+    prompts=)`` hands over (the trainer and the benches do). None: one population."""
     drain: bool = True
     """Once the step's target is covered, finish the units still probing whose remaining rollouts buy effective
     groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group, but every
@@ -174,7 +174,7 @@ class SARAAllocator(SARABase):
     def group_prompts(self, prompts: Sequence[Prompt]) -> bool:
         """Split the population prior by the first ``group_by`` candidate the pool ``prompts`` (indexed by pool index)
         carries. Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset or nothing
-        applies (the default on a pool without features: one population).
+        applies (the default on a pool without its key: one population).
 
         Raises:
             ConfigError: naming ``group_by`` when a list you gave has no key the pool carries.

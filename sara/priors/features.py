@@ -38,6 +38,8 @@ NUMERIC_BINS = 6
 """Quantile bins of a numeric key and of the prompt length."""
 LENGTH = "<length>"
 """The candidate name of the prompt's length in characters."""
+POPULATION = "none"
+"""The candidate name of one population (no split); a metadata key of that name is no candidate."""
 SCAN_LIMIT = 2_000_000
 """Pools larger than this are not scanned (one population)."""
 
@@ -73,7 +75,7 @@ def feature_splits(prompts: Sequence[Prompt], *, probes: int = 64) -> dict[str, 
         return {}
     rows = [prompts[i] for i in range(size)]
     out: dict[str, np.ndarray] = {}
-    for key in sorted({k for p in rows for k in p.metadata}):
+    for key in sorted({k for p in rows for k in p.metadata} - {POPULATION}):
         values = metadata_values(rows, key)
         distinct = len(set(values))
         if distinct < 2:
@@ -104,7 +106,7 @@ class FeatureGroupedPrior(GridPrior):
     def __init__(self, splits: Mapping[str, np.ndarray], *, decay: float = 0.9, margin: float = 3.0,
                  shrink: float = 16.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.names = ["none", *splits]
+        self.names = [POPULATION, *splits]
         labels = [np.zeros(max((len(v) for v in splits.values()), default=0), np.int64), *splits.values()]
         self.candidates = [GroupedGridPrior(np.asarray(lab, np.int64), shrink=shrink, **kwargs) for lab in labels]
         self.decay, self.margin = float(decay), float(margin)
@@ -187,8 +189,10 @@ class FeatureGroupedPrior(GridPrior):
 
     # ---- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        # Candidates by name (a mapping, so a resumed trainer checks each one's structure against its own).
         return {"names": list(self.names), "scores": self.scores.tolist(), "chosen": self.chosen,
-                "frozen": [w.tolist() for w in self._frozen], "candidates": [c.state_dict() for c in self.candidates]}
+                "frozen": {n: w.tolist() for n, w in zip(self.names, self._frozen)},
+                "candidates": {n: c.state_dict() for n, c in zip(self.names, self.candidates)}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not state:
@@ -196,13 +200,15 @@ class FeatureGroupedPrior(GridPrior):
         if list(state["names"]) != self.names:
             raise ValueError(f"feature-grouped prior: checkpoint has features {list(state['names'])}, this pool "
                              f"{self.names}")
-        for c, s in zip(self.candidates, state["candidates"]):
-            c.load_state_dict(s)
-        self.scores = np.asarray(state["scores"], np.float64).copy()
+        scores = np.asarray(state["scores"], np.float64)
+        if scores.shape != self.scores.shape:
+            raise ValueError(f"feature-grouped prior: {scores.size} scores for {len(self.candidates)} candidates")
         chosen = int(state["chosen"])
         if not 0 <= chosen < len(self.candidates):
             raise ValueError(f"feature-grouped prior: chosen candidate {chosen} out of range")
-        self.chosen = chosen
-        self._frozen = [np.asarray(w, np.float64).reshape(c.group_weights().shape).copy()
-                        for w, c in zip(state["frozen"], self.candidates)]
+        for name, c in zip(self.names, self.candidates):
+            c.load_state_dict(state["candidates"][name])
+        self.scores, self.chosen = scores.copy(), chosen
+        self._frozen = [np.asarray(state["frozen"][n], np.float64).reshape(c.group_weights().shape).copy()
+                        for n, c in zip(self.names, self.candidates)]
         self.weights = self.active.weights

@@ -1,5 +1,5 @@
 """A population prior per group of prompts: ``sara:group_by=KEY`` (one grid mixture per value of a prompt feature;
-``sara``'s default ``group_by=component|auto`` splits a ``sara/Mixture-v0`` pool by component).
+``sara``'s default ``group_by=component`` splits a ``sara/Mixture-v0`` pool by component).
 
 A pool is rarely one population. Mixture components, MATH levels or Countdown sizes each have their own spread of
 success rates, and a single pooled prior blurs them: on the default pool (1- to 4-digit sums) a first failure says
@@ -165,5 +165,8 @@ class GroupedGridPrior(GridPrior):
             gw = np.asarray(state["group_w"], np.float64)
             if gw.shape != self.group_w.shape:
                 raise ValueError(f"grouped prior: checkpoint has {gw.shape[0]} groups, this pool {self.n_groups}")
-            self.group_w, self.share = gw.copy(), np.asarray(state["share"], np.float64).copy()
+            share = np.asarray(state["share"], np.float64)
+            if share.shape != self.share.shape:
+                raise ValueError(f"grouped prior: checkpoint has {share.size} group shares, this pool {self.n_groups}")
+            self.group_w, self.share = gw.copy(), share.copy()
             self._ghist = [np.asarray(h, np.int64).copy() for h in state["ghist"]]

@@ -83,8 +83,10 @@ def like(fresh: Any, got: Any, path: Path, where: str, pool: int) -> None:
             if key in POOL_INDEXED and isinstance(got[key], (int, np.integer)) and got[key] > pool:
                 raise fail(path, f"{where}.{key}", f"{got[key]} is outside the pool of {pool} prompts")
         return
-    if isinstance(fresh, list) and not isinstance(got, list):
-        raise fail(path, where, f"expected a list, got {type(got).__name__}")
+    if isinstance(fresh, list):
+        if not isinstance(got, list):
+            raise fail(path, where, f"expected a list, got {type(got).__name__}")
+        _no_arrays(got, path, where)
     if isinstance(fresh, tuple):
         if not isinstance(got, tuple) or len(got) != len(fresh):
             raise fail(path, where, f"expected a tuple of {len(fresh)}, got {type(got).__name__}")
@@ -106,6 +108,20 @@ def like(fresh: Any, got: Any, path: Path, where: str, pool: int) -> None:
     elif isinstance(fresh, str) and not isinstance(got, str):
         raise fail(path, where, f"expected a string, got {type(got).__name__}")
     check_values(got, path, where)
+
+
+def _no_arrays(node: list, path: Path, where: str) -> None:
+    """A list of a state holds what the checkpoint codec writes for it (lists, mappings, numbers, strings), never an
+    array: loaded, an array would come back as a list, so the state taken would not be the state saved."""
+    stack: list[tuple[Any, str]] = [(node, where)]
+    while stack:
+        x, at = stack.pop()
+        if isinstance(x, Mapping):
+            stack.extend((v, f"{at}.{k}") for k, v in x.items())
+        elif isinstance(x, (list, tuple)):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(x))
+        elif not isinstance(x, (int, float, str, bool, type(None), np.integer, np.floating, np.bool_)):
+            raise fail(path, at, f"expected a list of plain values, found {type(x).__name__}")
 
 
 def check_values(node: Any, path: Path, where: str) -> None:
