@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,22 +110,8 @@ def like(fresh: Any, got: Any, path: Path, where: str, pool: int) -> None:
     check_values(got, path, where)
 
 
-def _no_arrays(node: list, path: Path, where: str) -> None:
-    """A list of a state holds what the checkpoint codec writes for it (lists, mappings, numbers, strings), never an
-    array: loaded, an array would come back as a list, so the state taken would not be the state saved."""
-    stack: list[tuple[Any, str]] = [(node, where)]
-    while stack:
-        x, at = stack.pop()
-        if isinstance(x, Mapping):
-            stack.extend((v, f"{at}.{k}") for k, v in x.items())
-        elif isinstance(x, (list, tuple)):
-            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(x))
-        elif not isinstance(x, (int, float, str, bool, type(None), np.integer, np.floating, np.bool_)):
-            raise fail(path, at, f"expected a list of plain values, found {type(x).__name__}")
-
-
-def check_values(node: Any, path: Path, where: str) -> None:
-    """Every number in ``node`` is finite and non-negative (whole where it is an integer)."""
+def _leaves(node: Any, where: str) -> Iterator[tuple[Any, str]]:
+    """Every value of ``node`` that is not a mapping, list or tuple, with where it sits."""
     stack = [(node, where)]
     while stack:
         x, at = stack.pop()
@@ -133,7 +119,22 @@ def check_values(node: Any, path: Path, where: str) -> None:
             stack.extend((v, f"{at}.{k}") for k, v in x.items())
         elif isinstance(x, (list, tuple)):
             stack.extend((v, f"{at}[{i}]") for i, v in enumerate(x))
-        elif isinstance(x, np.ndarray) and x.dtype.kind in "biuf" and x.size:
+        else:
+            yield x, at
+
+
+def _no_arrays(node: list, path: Path, where: str) -> None:
+    """A list of a state holds what the checkpoint codec writes for it (lists, mappings, numbers, strings), never an
+    array: loaded, an array would come back as a list, so the state taken would not be the state saved."""
+    for x, at in _leaves(node, where):
+        if not isinstance(x, (int, float, str, bool, type(None), np.integer, np.floating, np.bool_)):
+            raise fail(path, at, f"expected a list of plain values, found {type(x).__name__}")
+
+
+def check_values(node: Any, path: Path, where: str) -> None:
+    """Every number in ``node`` is finite and non-negative (whole where it is an integer)."""
+    for x, at in _leaves(node, where):
+        if isinstance(x, np.ndarray) and x.dtype.kind in "biuf" and x.size:
             if x.dtype.kind == "f" and not np.isfinite(x).all() or x.dtype.kind in "if" and (x < 0).any():
                 raise fail(path, at, "an array holds negative or non-finite values")
         elif isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_)):
