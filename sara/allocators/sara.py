@@ -181,11 +181,13 @@ class SARAAllocator(SARABase):
         """
         from sara.priors.grouped import GroupedGridPrior, group_labels
 
-        keys = self.config.group_keys
-        given = self.group_by_given
-        # A key you gave is looked for in every prompt; the default's in a sample (simulated pools are lazy).
-        key = next((k for k in keys if k == AUTO or (_has_key(prompts, k) if not given
-                                                     else any(k in p.metadata for p in prompts))), None)
+        keys, given = self.config.group_keys, self.group_by_given
+
+        def carried(k: str) -> bool:
+            # A key you gave is looked for in every prompt; the default's in a sample (simulated pools are lazy).
+            return k == AUTO or (any(k in p.metadata for p in prompts) if given else _has_key(prompts, k))
+
+        key = next((k for k in keys if carried(k)), None)
         if key is None:
             if given and len(keys) > 1:
                 present = sorted({k for p in prompts for k in p.metadata})
