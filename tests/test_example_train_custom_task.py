@@ -25,3 +25,15 @@ def test_training_on_a_custom_task_moves_accuracy(tmp_path, capsys):
     assert summary.files == ["learning_curve.png", "metrics.jsonl"]
     out = capsys.readouterr().out
     assert "check_task: ok (2000 prompts, 200 held out)" in out and "step  20: held-out accuracy" in out
+
+
+@pytest.mark.slow
+def test_custom_task_stops_at_its_rollout_budget(tmp_path):
+    """``--rollout-budget`` ends the run once the budget is spent, before ``steps`` (the allocation.md comparison at
+    DS's budget relies on it)."""
+    spec = importlib.util.spec_from_file_location("train_custom_task", ROOT / "examples" / "train_custom_task.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    summary = mod.main(steps=200, out_dir=str(tmp_path / "run"), allocator="ds", seed=1, rollout_budget=900)
+    assert 900 <= summary.rollouts < 900 + 16 * 8 * 8, summary.rollouts
+    assert 1 <= summary.steps < 200
