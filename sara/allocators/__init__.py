@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from sara.allocators.base import AllocatorConfig, BudgetAllocator
 from sara.allocators.effectiveness import BinaryEffectiveness, EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
@@ -57,6 +59,7 @@ __all__ = [
     "UnitStatus",
     "UnitTable",
     "UnitView",
+    "WeighsBatch",
     "compose",
     "make_allocator",
     "p_effective",
@@ -104,6 +107,13 @@ class TakesPopulation(Protocol):
     """A sampler that can score prompts under an allocator's grid population (the predictive sampler)."""
 
     def use_population(self, prior: GridPrior) -> bool: ...
+
+
+@runtime_checkable
+class WeighsBatch(Protocol):
+    """An allocator that weights the trained groups' advantages (``sara:reweight=ds``); the trainer asks it."""
+
+    def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None: ...
 
 
 def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defaults: Any) -> BudgetAllocator:

@@ -24,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 from sara.allocators.optimal import RuleCache, drain_decisions, optimal_decisions
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.config import ConfigError
-from sara.priors.base import Prior, population_of
+from sara.priors.base import GroupedPopulation, Prior, population_of
 from sara.priors.grid import GridPrior
 from sara.priors.history import BorrowedHistory, HistoryPrior
 from sara.seeding import derive_seeds, uniform_from_seeds
@@ -82,6 +82,14 @@ class SARAConfig(PriorOptions):
     mixture by its components and leaves any other pool one population. Keys you give must exist: a list none of
     whose keys the pool carries is an error. Needs the pool's prompts, which ``sara.allocators.compose(...,
     prompts=)`` hands over (the trainer and the benches do). None: one population."""
+    reweight: Literal["none", "ds"] = "none"
+    """'ds': scale each trained group's advantages so the batch has DS's expected composition over the prior's
+    groups (``GroupedGridPrior.composition_weights``; rows normalized to mean 1, capped at ``max_weight``). The rule
+    abandons a hard group's prompts early and fills the batch with groups that mix cheaply; a group it starves that
+    way would be a quarter or more of DS's batch. Needs groups (``group_by``); on one population every weight is 1.
+    Changes the training signal, not the rollouts (docs/allocation.md)."""
+    max_weight: float = Field(10.0, ge=1.0)
+    """'ds' reweighting: cap on a rollout's weight relative to the batch mean (bounds the gradient's variance)."""
     drain: bool = True
     """Once the step's target is covered, finish the units still probing whose remaining rollouts buy effective
     groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group, but every
@@ -220,6 +228,16 @@ class SARAAllocator(SARABase):
         prompts with (``sara.allocators.compose``); None when a subclass's population is not a grid."""
         base = population_of(self.prior)
         return base if isinstance(base, GridPrior) else None
+
+    def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
+        """``[rows]`` advantage weights of a batch of groups (their pool indices and sizes, rows in group order) under
+        ``reweight='ds'``; None when nothing is reweighted (``reweight='none'``, or a population without groups)."""
+        base = population_of(self.prior)
+        if self.config.reweight == "none" or not isinstance(base, GroupedPopulation) or not len(sizes):
+            return None
+        w = np.repeat(base.composition_weights(self.k)[base.unit_groups(np.asarray(pool_index, np.int64))], sizes)
+        w = np.minimum(w / w.mean(), self.config.max_weight)
+        return w / w.mean()
 
     def _population(self) -> GridPrior:
         return population_of(self.prior)  # type: ignore[return-value]

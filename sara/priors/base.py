@@ -16,7 +16,7 @@ import numpy as np
 
 from sara.units import UnitTable
 
-__all__ = ["ConstantPrior", "Layered", "Prior", "population_of"]
+__all__ = ["ConstantPrior", "GroupedPopulation", "Layered", "Prior", "population_of"]
 
 
 class Prior(ABC):
@@ -59,6 +59,15 @@ class Layered(Protocol):
     """A prior that adds per-prompt evidence on top of a population prior (``base``)."""
 
     base: Prior
+
+
+@runtime_checkable
+class GroupedPopulation(Protocol):
+    """A population prior split by prompt groups (``sara.priors.grouped``, ``sara.priors.features``)."""
+
+    def unit_groups(self, pool_index: np.ndarray) -> np.ndarray: ...
+
+    def composition_weights(self, k: int) -> np.ndarray: ...
 
 
 def population_of(prior: Prior) -> Prior:

@@ -154,6 +154,9 @@ class FeatureGroupedPrior(GridPrior):
     def mean_params(self) -> tuple[float, float]:
         return self.active.mean_params()
 
+    def composition_weights(self, k: int) -> np.ndarray:
+        return self.active.composition_weights(k)
+
     def refresh(self, table: UnitTable) -> bool:
         changed = self.active.refresh(table)
         self.weights = self.active.weights

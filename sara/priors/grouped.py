@@ -126,6 +126,22 @@ class GroupedGridPrior(GridPrior):
         """``[groups]`` share of the units drawn from each group (add-one smoothed) in the fitted window."""
         return self.share
 
+    def composition_weights(self, k: int) -> np.ndarray:
+        """``[groups]`` how many committed groups DS would get from a group per one the rule got, up to a common factor.
+
+        DS commits a drawn unit of group g when its k rollouts mix: P = E[1 - p^k - (1-p)^k] under the group's fit. The
+        rule commits the share of g's drawn units in the fitted window that ended mixed (add-one smoothed), which is
+        lower where it abandons more. Their ratio, used as a weight on each committed group's advantages, gives the
+        batch DS's expected composition over the groups (``SARAConfig.reweight``): a group the rule abandons early is
+        not starved of gradient.
+        """
+        ns, groups = self._data(None), self._groups_of(None)
+        mixed = (ns[:, 1] > 0) & (ns[:, 1] < ns[:, 0])
+        drawn = np.bincount(groups, minlength=self.n_groups).astype(np.float64)
+        won = np.bincount(groups[mixed], minlength=self.n_groups).astype(np.float64)
+        ds = self.group_w @ (1.0 - self.grid**k - (1.0 - self.grid) ** k)
+        return ds / ((won + 1.0) / (drawn + 2.0))
+
     # ---- fitting -----------------------------------------------------------------------------------------------
     def _refit(self, table: UnitTable | None) -> bool:
         """The pooled fit (each group's shrinkage target), then one EM per group; True when the groups changed."""

@@ -35,6 +35,7 @@ from sara.train.config import TrainConfig, default_threads
 from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
 from sara.train.resume import check_resume
+from sara.train.reweight import weigh_advantages
 from sara.train.rundir import RunLock, releases_run_lock
 from sara.train.summary import RunSummary, peak_rss_mb, run_files, summarize
 
@@ -165,6 +166,7 @@ class Trainer:
                 groups = self.bank.batch(result.groups, flush=last)
                 batch = learner.make_batch(groups, version=self.version)
                 advantages, returns, extra = learner.advantages(batch) if batch is not None else (None, None, {})
+                advantages = weigh_advantages(self.allocator, groups, advantages, extra)  # sara:reweight=ds
             # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
             with timer("update"):
                 algo_metrics = (learner.update(batch, advantages, returns, extra, step=self.step)
