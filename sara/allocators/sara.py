@@ -85,9 +85,10 @@ class SARAConfig(PriorOptions):
     reweight: Literal["none", "ds"] = "none"
     """'ds': scale each trained group's advantages so the batch has DS's expected composition over the prior's
     groups (``GroupedGridPrior.composition_weights``; rows normalized to mean 1, capped at ``max_weight``). The rule
-    abandons a hard group's prompts early and fills the batch with groups that mix cheaply; a group it starves that
-    way would be a quarter or more of DS's batch. Needs groups (``group_by``); on one population every weight is 1.
-    Changes the training signal, not the rollouts (docs/allocation.md)."""
+    abandons a hard group's prompts early and fills the batch with groups that mix cheaply, so a hard group gets
+    less gradient than under DS; weighted back, learning follows DS's composition: better where the policy is about
+    to learn that group, worse where it is out of reach (docs/allocation.md). Needs groups (``group_by``); on one
+    population nothing is reweighted. The rollouts are the rule's either way."""
     max_weight: float = Field(10.0, ge=1.0)
     """'ds' reweighting: cap on a rollout's weight relative to the batch mean (bounds the gradient's variance)."""
     drain: bool = True
