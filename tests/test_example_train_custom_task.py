@@ -14,11 +14,16 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_training_on_a_custom_task_moves_accuracy(tmp_path, capsys):
+def _example():
     spec = importlib.util.spec_from_file_location("train_custom_task", ROOT / "examples" / "train_custom_task.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_training_on_a_custom_task_moves_accuracy(tmp_path, capsys):
+    mod = _example()
     summary = mod.main(steps=20, out_dir=str(tmp_path / "run"))
     assert summary.steps == 20 and summary.rollouts > 0
     assert summary.acc_after >= summary.acc_before + 0.15, (summary.acc_before, summary.acc_after)
@@ -31,9 +36,7 @@ def test_training_on_a_custom_task_moves_accuracy(tmp_path, capsys):
 def test_custom_task_stops_at_its_rollout_budget(tmp_path):
     """``--rollout-budget`` ends the run once the budget is spent, before ``steps`` (the allocation.md comparison at
     DS's budget relies on it)."""
-    spec = importlib.util.spec_from_file_location("train_custom_task", ROOT / "examples" / "train_custom_task.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _example()
     summary = mod.main(steps=200, out_dir=str(tmp_path / "run"), allocator="ds", seed=1, rollout_budget=900)
     assert 900 <= summary.rollouts < 900 + 16 * 8 * 8, summary.rollouts
     assert 1 <= summary.steps < 200

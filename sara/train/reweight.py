@@ -9,7 +9,7 @@ collected are unchanged; values and returns are not reweighted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,8 @@ from sara.types import Group
 __all__ = ["weigh_advantages"]
 
 
-def weigh_advantages(allocator: Any, groups: Sequence[Group], advantages: Any, extra: Mapping[str, Any]) -> Any:
+def weigh_advantages(allocator: Any, groups: Sequence[Group], advantages: Any,
+                     extra: MutableMapping[str, Any]) -> Any:
     """``advantages [N, R]`` (rows: the rollouts of ``groups`` in order) times the allocator's row weights, or as they
     are when it gives none; the largest weight goes to ``extra["metrics"]["algo/max_row_weight"]``."""
     from sara.allocators import WeighsBatch
@@ -34,5 +35,5 @@ def weigh_advantages(allocator: Any, groups: Sequence[Group], advantages: Any, e
 
     if len(w) != advantages.shape[0]:
         raise ValueError(f"batch_weights gave {len(w)} weights for {advantages.shape[0]} rows")
-    extra.setdefault("metrics", {})["algo/max_row_weight"] = float(np.max(w))  # type: ignore[attr-defined]
+    extra.setdefault("metrics", {})["algo/max_row_weight"] = float(np.max(w))
     return advantages * torch.as_tensor(w, dtype=advantages.dtype, device=advantages.device)[:, None]
