@@ -142,3 +142,26 @@ def test_without_a_budget_every_committed_group_is_complete(spec):
         res = collect(alloc, env, sampler, target_groups=200, seed=3, step=step)
         assert res.stats.stop_reason == "target_reached"
         assert {g.size for g in res.groups} == {8}, spec
+
+
+def test_numeric_oversample_sizes_the_first_round():
+    """``sara:oversample=F`` probes ceil(target x F) fresh prompts in its first round, one rollout each: the
+    engine-sized admission of ``examples/configs/smollm2_learn.yaml`` (8 groups x 8 = the HF engine's 64-row batch).
+    ``auto`` admits about what it expects to need, so its first round is smaller."""
+    def first_round(spec: str) -> int:
+        env = SimulatedEnv("u-shaped", size=3000, seed=0)
+        sizes: list[int] = []
+        inner = env.rollout
+
+        def rollout(requests):
+            sizes.append(sum(r.n for r in requests))
+            return inner(requests)
+
+        env.rollout = rollout
+        res = collect(make_allocator(spec, k=8), env, UniformSampler(3000, seed=1), target_groups=8, seed=0)
+        assert res.stats.committed_groups >= 8 and sum(sizes) == res.stats.rollouts
+        return sizes[0]
+
+    assert first_round("sara:oversample=8") == 64
+    assert first_round("sara:oversample=2") == 16
+    assert first_round("sara") < 64

@@ -52,7 +52,10 @@ class SequentialConfig(AllocatorConfig):
     commits of all units in flight cover the groups still needed, with P(commit) estimated from the units' probing
     paths (``sara.allocators.admission``), so the units in flight are expected to fill the target and a step takes a
     few rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds).
-    Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups)."""
+    Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups). On an
+    engine whose round costs about the same whatever its size up to its batch (a CPU HF engine on short completions),
+    a number that makes the first round fill that batch (engine batch / groups per step) gives fewer, fuller rounds
+    and more surplus, which the trainer banks for the next step (``examples/configs/smollm2_learn.yaml``)."""
     alpha0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-successes (1.0 with beta0 = 1.0 is the paper's uniform prior)."""
     beta0: float = Field(1.0, gt=0.0)
