@@ -165,15 +165,18 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]], path: str | Path,
     return save_figure(fig, path)
 
 
-def plot_matrix(panels: Mapping[str, Mapping[str, Any]], path: str | Path, *, title: str = "") -> Path:
-    """One panel per algorithm: held-out accuracy vs cumulative rollouts, one mean line and band per cell.
+def plot_matrix(panels: Mapping[str, Mapping[str, Any]], path: str | Path, *, title: str = "",
+                xlabel: str = "cumulative rollouts") -> Path:
+    """One panel per algorithm: held-out accuracy vs cumulative rollouts (or ``xlabel``'s quantity), one mean line and
+    band per cell.
 
     Args:
         panels: ``{algo: {"target": accuracy or None, "cells": {cell: {"x", "mean", "lo", "hi"}}}}``: each cell's
-            curve on a common rollout grid (``x``), its mean over seeds and a band (``lo`` - ``hi``); ``target`` is
-            drawn as a dashed horizontal line.
+            curve on a common grid (``x``), its mean over seeds and a band (``lo`` - ``hi``); ``target`` is drawn as a
+            dashed horizontal line.
         path: PNG path.
         title: Figure title.
+        xlabel: The x axis' label.
     """
     plt = _pyplot()
     cols = min(len(panels), 4) or 1
@@ -188,7 +191,7 @@ def plot_matrix(panels: Mapping[str, Mapping[str, Any]], path: str | Path, *, ti
         if target is not None and math.isfinite(target):
             ax.axhline(target, color="0.3", ls="--", lw=1, label=f"target {target:.3f}")
         ax.set_title(algo, fontsize=10)
-        ax.set_xlabel("cumulative rollouts")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("held-out accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -167,8 +167,35 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
     data = json.loads(paths["json"].read_text())
     assert [len(c["runs"]) for c in data["cells"]] == [2, 2] and data["cells"][1]["aggregate"]["n"] == 2
     assert paths["md"].read_text() == text
+    # accuracy vs training seconds: every seed's curve on one grid up to the longest run (3 s), flat after its end
+    assert sara["band_seconds"]["x"][-1] == 3 and sara["band_seconds"]["hi"][-1] == 0.75
     pytest.importorskip("matplotlib")
-    assert paths["png"].stat().st_size > 0
+    assert paths["png"].stat().st_size > 0 and paths["png_seconds"].stat().st_size > 0
+
+
+def test_the_report_says_where_the_training_seconds_go_pooled_over_seeds():
+    from sara.experiments.matrix import PHASE_KEYS
+    from sara.experiments.matrix_report import analyze, format_report
+
+    runs = _synthetic_runs()
+    assert "Where the training seconds go" not in format_report(analyze(runs, budget=300))  # runs without phases
+    sums = [(6.0, 9.0, 12.0, 3.0, 24.0, 3.0, 4.0), (3.0, 6.0, 6.0, 3.0, 24.0, 0.0, 5.6),
+            (4.0, 8.0, 20.0, 4.0, 32.0, 8.0, 6.4), (2.0, 10.0, 30.0, 5.0, 40.0, 2.0, 8.0)]
+    for (_, r), values in zip(runs, sums):
+        r["phases"] = dict(zip(PHASE_KEYS, values))
+    report = analyze(runs, budget=300)
+    ds, sara = (c["aggregate"]["phases"] for c in report["cells"])
+    # SARA's seeds: 6 s of collection and 18 s of learning over 18 effective groups and 600 rollouts, 50 rounds in 9
+    # steps, 10 groups left banked, reward variance weighted by 72 trained groups
+    assert sara["collect_s_per_effective_group"] == pytest.approx(6 / 18)
+    assert sara["learn_s_per_effective_group"] == pytest.approx(18 / 18)
+    assert sara["collect_s_per_rollout"] == pytest.approx(6 / 600)
+    assert sara["rollouts_per_round"] == pytest.approx(600 / 50) and sara["rounds_per_step"] == pytest.approx(50 / 9)
+    assert sara["banked_per_step"] == pytest.approx(10 / 9) and sara["group_reward_var"] == pytest.approx(14.4 / 72)
+    assert ds["rollouts_per_round"] == pytest.approx(600 / 18) and ds["group_reward_var"] == pytest.approx(9.6 / 48)
+    text = format_report(report)
+    assert "| sara@predictive | 0.333 | 1.000 | 0.0100 | 12.0 | 5.56 | 1.11 | 0.200 |" in text
+    assert "| ds | 0.450 | 0.750 | 0.0150 | 33.3 | 3.00 | 0.50 | 0.200 |" in text
 
 
 def test_one_seed_prints_values_without_intervals_and_a_fixed_target():
@@ -208,6 +235,12 @@ def test_small_matrix_runs_every_cell_for_every_seed(tmp_path):
     assert [r["acc_before"] for r in ds["runs"]] == [r["acc_before"] for r in sara["runs"]]
     assert data["algos"]["grpo"]["target"] == pytest.approx(sum(r["acc_after"] for r in ds["runs"]) / 2)
     assert "| **ds** (ref) |" in (out / "matrix.md").read_text()
+    for cell in (ds, sara):  # where the seconds go, from the runs' metrics
+        ph = cell["aggregate"]["phases"]
+        assert ph["collect_s_per_effective_group"] > 0 and ph["learn_s_per_effective_group"] > 0
+        assert ph["rounds_per_step"] >= 1 and 0 < ph["group_reward_var"] <= 0.25
+        assert all(r["phases"]["steps"] == r["steps"] for r in cell["runs"])
+    assert "Where the training seconds go" in (out / "matrix.md").read_text()
 
 
 def _runs(out):

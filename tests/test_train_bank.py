@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sara.train.bank import SurplusBank
+from sara.train.bank import SurplusBank, batch_reward_variance
 from sara.train.codec import decode, encode
 from sara.types import Decision, Group, Prompt, Rollout
 
@@ -53,6 +53,13 @@ def test_flush_and_mode_train_train_everything():
     assert len(train.batch([_group(i, i) for i in range(5)])) == 5 and len(train) == 0 and train.need() == 2
 
 
+def test_batch_reward_variance_is_the_mean_within_group_variance():
+    groups = [_group(0, 0, rewards=(0.0, 1.0)), _group(1, 1, rewards=(1.0, 0.0, 0.0, 0.0)),
+              _group(2, 2, rewards=(1.0, 1.0, 1.0))]
+    assert batch_reward_variance(groups) == pytest.approx((0.25 + 0.1875 + 0.0) / 3)
+    assert batch_reward_variance([]) == 0.0
+
+
 def test_the_bank_round_trips_through_the_checkpoint_codec():
     bank = SurplusBank(1)
     bank.batch([_group(0, 0), _group(7, 4, rewards=(1.0, 0.0, 1.0), version=2), _group(8, 2)])
@@ -95,6 +102,7 @@ def test_the_trainer_banks_surplus_groups_and_trains_each_once(tmp_path):
     assert max(committed[:-1]) > 3, "the run must produce a surplus for this test to mean anything"
     assert batches[:-1] == [3.0] * 3 and sum(batches) == sum(committed)  # every committed group trained once
     assert ms[-1]["train/banked_groups"] == 0  # the last step flushes
+    assert all(0.0 < m["train/group_reward_var"] <= 0.25 for m in ms)  # committed groups are mixed
     stale = [m["algo/stale_fraction"] for m, prev in zip(ms[1:], ms) if prev["train/banked_groups"] > 0]
     assert stale and all(s > 0 for s in stale)
     with Trainer(_cfg(tmp_path / "train", surplus="train")) as trainer:

@@ -7,8 +7,9 @@ Cells are ``--algos`` x ``--allocators``, both ``;``-separated specs; an allocat
 over seeds of: held-out accuracy at 25/50/75% of the budget and at the end, the area under accuracy vs rollouts, and
 the rollouts, tokens and training seconds to first reach the target accuracy (default: the ``--reference`` cell's
 final accuracy, ``ds``; ``--target-acc`` fixes it), with the ratio to the reference. Outputs in ``--out`` (default
-``runs/matrix``): ``matrix.md``, ``matrix.json`` (per-seed and aggregate), ``matrix.png`` (mean curve and min-max
-band per cell) and ``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel processes, one per core by default.
+``runs/matrix``): ``matrix.md``, ``matrix.json`` (per-seed and aggregate), ``matrix.png`` and ``matrix_seconds.png``
+(mean curve and min-max band per cell against rollouts and against training seconds) and
+``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel processes, one per core by default.
 """
 
 from __future__ import annotations
@@ -88,13 +89,13 @@ def run(args: argparse.Namespace) -> int:
     base = load_config(None, args.overrides, base=base.model_dump())
     out = claim_dir(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"), overwrite=args.overwrite,
                     marker="matrix.json", what="sara matrix", replace=("matrix.json", "matrix.md", "matrix.png",
-                                                                        "cells"))
+                                                                        "matrix_seconds.png", "cells"))
     every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
     report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds, workers=args.workers,
                         eval_every=every, reference=reference, target_acc=args.target_acc,
                         command="sara matrix " + " ".join(_argv(args)))
     print(format_report(report))
-    print(f"wrote {out / 'matrix.md'}, {out / 'matrix.png'}, {out / 'matrix.json'}")
+    print(f"wrote {out / 'matrix.md'}, {out / 'matrix.png'}, {out / 'matrix_seconds.png'}, {out / 'matrix.json'}")
     return 0
 
 

@@ -4,7 +4,7 @@ A cell is an algorithm and an ``ALLOCATOR[@SAMPLER]`` spec (``parse_cells``); ev
 ``base.seed .. base.seed + seeds - 1`` (``TrainConfig.seed``: rollouts, prompt order, mini-batch order and the
 evaluation's samples; the starting weights are the same for every seed). ``run_matrix`` trains all runs in parallel
 processes and hands them to ``sara.experiments.matrix_report``, which measures them (``sara.experiments.curves``) and
-writes ``matrix.json``, ``matrix.md`` and ``matrix.png``.
+writes ``matrix.json``, ``matrix.md``, ``matrix.png`` and ``matrix_seconds.png``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ from typing import Any
 
 from sara.config import ConfigError, parse_spec
 
-__all__ = ["Cell", "parse_specs", "parse_cells", "run_matrix"]
+__all__ = ["Cell", "PHASE_KEYS", "parse_specs", "parse_cells", "run_matrix"]
+
+PHASE_KEYS = ("collect_s", "learn_s", "rounds", "steps", "trained_groups", "banked_groups", "reward_var_x_groups")
+"""A run's per-step sums (``result["phases"]``) behind the report's "where the seconds go" table: collection seconds;
+learning seconds (advantages, update, weight sync); collection rounds; training steps; trained groups; groups left in
+the bank after each step; and ``train/group_reward_var`` x trained groups."""
 
 
 @dataclass(frozen=True)
@@ -120,15 +125,24 @@ def _run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         summary = trainer.train()
     out = asdict(summary)
     curve: dict[str, list[float]] = {"step": [], "rollouts": [], "tokens": [], "wall_s": [], "acc": []}
+    phases = dict.fromkeys(PHASE_KEYS, 0.0)
     wall = 0.0
     for r in read_jsonl(Path(summary.out_dir) / "metrics.jsonl"):
         wall += float(r.get("time/step") or 0.0)
+        if "time/collect" in r:  # a training step (evaluation-only records have none)
+            groups = float(r.get("train/batch_groups", 0.0))
+            for key, value in (("collect_s", r["time/collect"]), ("rounds", r.get("alloc/rounds", 0.0)),
+                               ("learn_s", sum(float(r.get(f"time/{p}", 0.0)) for p in ("advantages", "update", "sync"))),
+                               ("steps", 1.0), ("trained_groups", groups), ("banked_groups", r.get("train/banked_groups", 0.0)),
+                               ("reward_var_x_groups", groups * float(r.get("train/group_reward_var", 0.0)))):
+                phases[key] += float(value)
         if r.get("eval/acc_sample") is None:
             continue
         for key, value in (("step", r["step"]), ("rollouts", r.get("env/cum_rollouts", 0.0)),
                            ("tokens", r.get("env/cum_tokens", 0.0)), ("wall_s", wall), ("acc", r["eval/acc_sample"])):
             curve[key].append(float(value))
     out["curve"] = curve
+    out["phases"] = phases
     out["seed"] = int(cfg["seed"])
     return out
 
@@ -144,7 +158,8 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
             ``target_acc`` is given).
         steps: Uniform-allocation steps defining the budget (``steps x groups_per_step x k`` rollouts), unless
             ``base`` sets ``rollout_budget``. A run stops when its budget is spent (at most ``2 x steps`` steps).
-        out_dir: Output directory (``matrix.json``, ``matrix.md``, ``matrix.png``, ``cells/<name>/seed<s>/``).
+        out_dir: Output directory (``matrix.json``, ``matrix.md``, ``matrix.png``, ``matrix_seconds.png``,
+            ``cells/<name>/seed<s>/``).
         seeds: Seeds per cell (``base.seed + 0 .. seeds - 1``).
         workers: Parallel processes (default: one per core, at most one per run).
         eval_every: Evaluate every this many steps (default: ``steps // 3``, so every curve has a few points).

@@ -27,7 +27,7 @@ from sara.experiments.curves import (
 __all__ = ["analyze", "format_report", "write_outputs", "plot_report"]
 
 _RAW = ("seed", "name", "algo", "allocator", "steps", "acc_before", "acc_after", "rollouts", "tokens",
-        "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve")
+        "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve", "phases")
 
 
 def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, reference: str = "ds",
@@ -70,6 +70,8 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
                        "start_acc": float(np.mean(start)) if start else math.nan,
                        "eval_se": {"independent": se[0], "prompt_clustered_bound": se[1]}}
     grid = np.linspace(0.0, float(budget), grid_points)
+    longest = {a: max((r["curve"]["wall_s"][-1] for (b, _), (_, rs) in grouped.items() if b == a for r in rs),
+                      default=0.0) for a in algos}
     cells: list[dict[str, Any]] = []
     for (algo, _), (cell, rs) in grouped.items():
         rs = sorted(rs, key=lambda r: r["seed"])
@@ -85,11 +87,14 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
                      for r in rs]  # training seconds (no evaluation) per effective group, per seed
         mean, half = t_interval(per_group)
         agg["wall_s_per_effective_group"] = {"mean": mean, "half": half}
+        agg["phases"] = _phases(rs)
         cells.append({"algo": algo, "cell": cell.spec, "allocator": cell.allocator, "sampler": cell.sampler,
                       "name": cell.name, "is_reference": cell.spec == reference,
                       "runs": [{**{k: r[k] for k in _RAW if k in r}, "measures": m} for r, m in zip(rs, measured)],
                       "aggregate": agg,
-                      "band": band([(r["curve"]["rollouts"], r["curve"]["acc"]) for r in rs], grid)})
+                      "band": band([(r["curve"]["rollouts"], r["curve"]["acc"]) for r in rs], grid),
+                      "band_seconds": band([(r["curve"]["wall_s"], r["curve"]["acc"]) for r in rs],
+                                           np.linspace(0.0, longest[algo], grid_points))})
     for c in cells:
         ref_cell = next((d for d in cells if d["algo"] == c["algo"] and d["is_reference"]), None)
         for key in ("rollouts", "tokens", "wall_s"):
@@ -100,6 +105,23 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
     return {"budget": budget, "seeds": seeds, "reference": reference, "target_acc": target_acc,
             "eval": {"prompts": eval_prompts, "samples": eval_samples}, "fractions": list(BUDGET_FRACTIONS),
             "algos": algos, "cells": cells}
+
+
+def _phases(rs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """Where a cell's training seconds go, pooled over its seeds (all seeds' sums over all seeds' counts); None when a
+    run has no ``phases`` (``sara.experiments.matrix.PHASE_KEYS``)."""
+    if not rs or any("phases" not in r for r in rs):
+        return None
+    tot = {k: sum(float(r["phases"][k]) for r in rs) for k in rs[0]["phases"]}
+    eff = sum(float(r.get("effective_groups") or 0) for r in rs)
+    rollouts = sum(float(r.get("rollouts") or 0) for r in rs)
+    div = lambda a, b: a / b if b else math.nan  # noqa: E731
+    return {"collect_s_per_effective_group": div(tot["collect_s"], eff),
+            "learn_s_per_effective_group": div(tot["learn_s"], eff),
+            "collect_s_per_rollout": div(tot["collect_s"], rollouts),
+            "rollouts_per_round": div(rollouts, tot["rounds"]), "rounds_per_step": div(tot["rounds"], tot["steps"]),
+            "banked_per_step": div(tot["banked_groups"], tot["steps"]),
+            "group_reward_var": div(tot["reward_var_x_groups"], tot["trained_groups"])}
 
 
 def _ci(v: Mapping[str, float], fmt: str, prefix: str = "") -> str:
@@ -155,6 +177,15 @@ def format_report(report: Mapping[str, Any]) -> str:
                 _ratio(ratio, a["reached"] < a["n"] or ref_censored[algo]), _ci(a["tokens_to_target"], ",.0f", cens),
                 _ci(a["wall_s_to_target"], ".1f", cens), _ci(a["wall_s_per_effective_group"], "#.3g"),
                 f"{a['rollouts_per_effective_group']:.1f}", _ci(a["steps"], ".1f"), f"{a['effective_fraction']:.2f} |"]))
+        rows = [(c["cell"], c["aggregate"].get("phases")) for c in report["cells"] if c["algo"] == algo]
+        if all(ph is not None for _, ph in rows):
+            lines += ["", "Where the training seconds go (all seeds pooled):", "",
+                      "| cell | collect s / eff. group | learn s / eff. group | collect s / rollout | rollouts per round "
+                      "| rounds per step | banked groups per step | batch reward var |", "|---" * 8 + "|"]
+            lines += [f"| {cell} | {ph['collect_s_per_effective_group']:.3f} | {ph['learn_s_per_effective_group']:.3f} "
+                      f"| {ph['collect_s_per_rollout']:.4f} | {ph['rollouts_per_round']:.1f} | "
+                      f"{ph['rounds_per_step']:.2f} | {ph['banked_per_step']:.2f} | {ph['group_reward_var']:.3f} |"
+                      for cell, ph in rows]
     lines += ["", "How the columns are computed:",
               "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
               "cumulative rollouts curve at X% of the budget, linear between evaluations; final acc: the last "
@@ -170,21 +201,30 @@ def format_report(report: Mapping[str, Any]) -> str:
               "here). eff. frac: effective / committed groups over all seeds.",
               "- rollouts / eff. group: all seeds' rollouts over their effective groups (what the allocator saves); "
               "steps: training steps (= weight updates) the budget bought; with `surplus=bank` (the default) every "
-              "batch is `groups_per_step` groups, so saved rollouts show up as more steps."]
+              "batch is `groups_per_step` groups, so saved rollouts show up as more steps.",
+              "- where the seconds go: collect (the driver's rounds: generation, scoring, allocation) and learn "
+              "(advantages, update, weight sync) seconds over effective groups or rollouts; rounds: the driver's "
+              "synchronous rounds (streaming: none); banked groups: left in the surplus bank after a step; batch "
+              "reward var: the trained groups' mean within-group reward variance (`train/group_reward_var`, p(1 - p) "
+              "of a group's own success rate for 0/1 rewards)."]
     return "\n".join(lines) + "\n"
 
 
-def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
+def plot_report(report: Mapping[str, Any], path: str | Path, *, seconds: bool = False) -> Path:
     """``matrix.png``: per algorithm, each cell's mean accuracy vs cumulative rollouts over seeds, a min-max band,
-    and the target accuracy as a horizontal line (needs matplotlib)."""
+    and the target accuracy as a horizontal line; ``seconds``: the same against training seconds
+    (``matrix_seconds.png``; a run that ended earlier stays at its final accuracy). Needs matplotlib."""
     from sara.metrics import plot_matrix
 
+    key = "band_seconds" if seconds else "band"
     panels = {algo: {"target": info["target"],
-                     "cells": {c["cell"]: c["band"] for c in report["cells"] if c["algo"] == algo}}
+                     "cells": {c["cell"]: c[key] for c in report["cells"] if c["algo"] == algo}}
               for algo, info in report["algos"].items()}
     n = len(report["seeds"])
-    return plot_matrix(panels, path, title=f"held-out accuracy vs rollouts, budget {report['budget']:,.0f} per run\n"
-                                           f"mean of {n} seed(s), band = min-max over seeds")
+    what = "training seconds (no evaluation)" if seconds else "rollouts"
+    return plot_matrix(panels, path, xlabel=what if seconds else "cumulative rollouts",
+                       title=f"held-out accuracy vs {what}, budget {report['budget']:,.0f} rollouts per run\n"
+                             f"mean of {n} seed(s), band = min-max over seeds")
 
 
 def _finite(x: Any) -> Any:
@@ -198,7 +238,8 @@ def _finite(x: Any) -> Any:
 
 
 def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """Write ``matrix.json`` (NaN as null), ``matrix.md`` and, when matplotlib is installed, ``matrix.png``."""
+    """Write ``matrix.json`` (NaN as null), ``matrix.md`` and, when matplotlib is installed, ``matrix.png`` and
+    ``matrix_seconds.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "matrix.json", "md": out / "matrix.md"}
@@ -206,6 +247,7 @@ def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, P
     paths["md"].write_text(format_report(report), encoding="utf-8")
     try:
         paths["png"] = plot_report(report, out / "matrix.png")
+        paths["png_seconds"] = plot_report(report, out / "matrix_seconds.png", seconds=True)
     except ImportError:  # matplotlib is optional
         pass
     return paths

@@ -26,11 +26,20 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from sara.types import Decision, Group, Prompt, Rollout
 
-__all__ = ["SurplusBank", "SurplusMode"]
+__all__ = ["SurplusBank", "SurplusMode", "batch_reward_variance"]
 
 SurplusMode = Literal["train", "bank"]
+
+
+def batch_reward_variance(groups: Sequence[Group]) -> float:
+    """Mean over the batch's groups of their rewards' variance (``train/group_reward_var``): the signal a group-relative
+    advantage has to work with before normalization (binary rewards: p(1 - p) of the group's own success rate, 0.25
+    at most; 0 for an empty batch)."""
+    return float(np.mean([g.rewards.var() for g in groups])) if groups else 0.0
 
 
 class SurplusBank:

@@ -30,7 +30,7 @@ import numpy as np
 from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
-from sara.train.bank import SurplusBank
+from sara.train.bank import SurplusBank, batch_reward_variance
 from sara.train.config import TrainConfig, default_threads
 from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
@@ -179,7 +179,8 @@ class Trainer:
                     self.backend.update_weights(self.policy.state_dict(), self.version)
             self.step += 1
             metrics = {**self._collect_metrics(result), **health, **algo_metrics, **extra.get("metrics", {}),
-                       "train/batch_groups": float(len(groups)), "train/banked_groups": float(len(self.bank))}
+                       "train/batch_groups": float(len(groups)), "train/banked_groups": float(len(self.bank)),
+                       "train/group_reward_var": batch_reward_variance(groups)}
             self.totals["verifier_errors"] += health["env/verifier_errors"]
             self.totals["verifier_timeouts"] += health["env/verifier_timeouts"]
         metrics.update(timer.metrics())
