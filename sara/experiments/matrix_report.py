@@ -221,10 +221,10 @@ def plot_report(report: Mapping[str, Any], path: str | Path, *, seconds: bool = 
                      "cells": {c["cell"]: c[key] for c in report["cells"] if c["algo"] == algo}}
               for algo, info in report["algos"].items()}
     n = len(report["seeds"])
-    what = "training seconds (no evaluation)" if seconds else "rollouts"
-    return plot_matrix(panels, path, xlabel=what if seconds else "cumulative rollouts",
-                       title=f"held-out accuracy vs {what}, budget {report['budget']:,.0f} rollouts per run\n"
-                             f"mean of {n} seed(s), band = min-max over seeds")
+    head = ("held-out accuracy vs training seconds (no eval.)" if seconds else
+            f"held-out accuracy vs rollouts, budget {report['budget']:,.0f} per run")
+    return plot_matrix(panels, path, xlabel="training seconds (no evaluation)" if seconds else "cumulative rollouts",
+                       title=f"{head}\nmean of {n} seed(s), band = min-max over seeds")
 
 
 def _finite(x: Any) -> Any:
