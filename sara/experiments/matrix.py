@@ -131,9 +131,10 @@ def _run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         wall += float(r.get("time/step") or 0.0)
         if "time/collect" in r:  # a training step (evaluation-only records have none)
             groups = float(r.get("train/batch_groups", 0.0))
-            for key, value in (("collect_s", r["time/collect"]), ("rounds", r.get("alloc/rounds", 0.0)),
-                               ("learn_s", sum(float(r.get(f"time/{p}", 0.0)) for p in ("advantages", "update", "sync"))),
-                               ("steps", 1.0), ("trained_groups", groups), ("banked_groups", r.get("train/banked_groups", 0.0)),
+            learn = sum(float(r.get(f"time/{p}", 0.0)) for p in ("advantages", "update", "sync"))
+            for key, value in (("collect_s", r["time/collect"]), ("learn_s", learn), ("steps", 1.0),
+                               ("rounds", r.get("alloc/rounds", 0.0)), ("trained_groups", groups),
+                               ("banked_groups", r.get("train/banked_groups", 0.0)),
                                ("reward_var_x_groups", groups * float(r.get("train/group_reward_var", 0.0)))):
                 phases[key] += float(value)
         if r.get("eval/acc_sample") is None:

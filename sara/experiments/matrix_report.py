@@ -180,12 +180,13 @@ def format_report(report: Mapping[str, Any]) -> str:
         rows = [(c["cell"], c["aggregate"].get("phases")) for c in report["cells"] if c["algo"] == algo]
         if all(ph is not None for _, ph in rows):
             lines += ["", "Where the training seconds go (all seeds pooled):", "",
-                      "| cell | collect s / eff. group | learn s / eff. group | collect s / rollout | rollouts per round "
-                      "| rounds per step | banked groups per step | batch reward var |", "|---" * 8 + "|"]
-            lines += [f"| {cell} | {ph['collect_s_per_effective_group']:.3f} | {ph['learn_s_per_effective_group']:.3f} "
-                      f"| {ph['collect_s_per_rollout']:.4f} | {ph['rollouts_per_round']:.1f} | "
-                      f"{ph['rounds_per_step']:.2f} | {ph['banked_per_step']:.2f} | {ph['group_reward_var']:.3f} |"
-                      for cell, ph in rows]
+                      "| cell | collect s / eff. group | learn s / eff. group | collect s / rollout "
+                      "| rollouts per round | rounds per step | banked groups per step | batch reward var |",
+                      "|---" * 8 + "|"]
+            lines += [f"| {cell} | {ph['collect_s_per_effective_group']:.3f} "
+                      f"| {ph['learn_s_per_effective_group']:.3f} | {ph['collect_s_per_rollout']:.4f} "
+                      f"| {ph['rollouts_per_round']:.1f} | {ph['rounds_per_step']:.2f} "
+                      f"| {ph['banked_per_step']:.2f} | {ph['group_reward_var']:.3f} |" for cell, ph in rows]
     lines += ["", "How the columns are computed:",
               "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
               "cumulative rollouts curve at X% of the budget, linear between evaluations; final acc: the last "
