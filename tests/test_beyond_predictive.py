@@ -74,3 +74,27 @@ def test_composes_with_an_allocator_over_steps():
 def test_options_are_validated():
     with pytest.raises(ConfigError, match="candidate_ratio"):
         make_sampler("predictive:candidate_ratio=0.5", 10)
+
+
+def test_the_default_decay_remembers_a_prompt_until_its_next_visit():
+    # A step draws about a tenth of this pool, so a prompt comes back about every ten steps. What its last visit
+    # showed must still count then: evidence decayed at 0.7 per step is gone (0.7^10 = 3%), at the default it is not.
+    from sara.allocators import compose
+    from sara.priors.history import DEFAULT_DECAY
+
+    sampler = PredictiveSampler(10, seed=0)
+    sampler.update(np.array([0]), np.array([8]), np.array([0.0]), step=0)
+    assert sampler.posterior.evidence(np.array([0]), step=10)[1][0] > 0.5 * 8 > 8 * 0.7**10
+    assert sampler.config.decay == DEFAULT_DECAY
+
+    def rollouts_per_effective_group(spec):
+        env = SimulatedEnv("u-shaped", size=1000, seed=6)
+        alloc, smp = compose(make_allocator("sara", k=8), make_sampler(spec, 1000, seed=6, k=8))
+        spent = effective = 0
+        for t in range(24):
+            res = collect(alloc, env, smp, target_groups=32, seed=6, step=t)
+            if t >= 8:  # once every prompt has been drawn about once
+                spent, effective = spent + res.stats.rollouts, effective + res.stats.effective_groups
+        return spent / effective
+
+    assert rollouts_per_effective_group("predictive") < 0.9 * rollouts_per_effective_group("predictive:decay=0.7")

@@ -20,7 +20,13 @@ from sara.priors.base import Prior
 from sara.priors.beta import EmpiricalBayesPrior
 from sara.units import UnitTable
 
-__all__ = ["BorrowedHistory", "HistoryPrior", "HistorySource"]
+__all__ = ["DEFAULT_DECAY", "BorrowedHistory", "HistoryPrior", "HistorySource"]
+
+DEFAULT_DECAY = 0.95
+"""Default weight per step of a prompt's past evidence (the history prior's and the predictive sampler's ``decay``).
+Evidence has to outlive the interval between two visits of a prompt: a run that draws a fraction f of the pool per
+step revisits a prompt about every 1/f steps (about 9 on the tiny default pool), and 0.7 per step (MoPPS's range)
+leaves 0.7^9 = 4% of what a visit saw, 0.95 leaves 63%. Measured: docs/beyond.md, section 3."""
 
 
 class HistoryPrior(Prior):
@@ -32,7 +38,7 @@ class HistoryPrior(Prior):
         max_evidence: Cap on a prompt's decayed pseudo-count (keeps a prompt revisitable after drift).
     """
 
-    def __init__(self, decay: float = 0.7, base: Prior | None = None, *, max_evidence: float = 64.0) -> None:
+    def __init__(self, decay: float = DEFAULT_DECAY, base: Prior | None = None, *, max_evidence: float = 64.0) -> None:
         if not 0.0 < decay <= 1.0:
             raise ConfigError(f"HistoryPrior: field 'decay': must be in (0, 1] (got {decay})")
         self.decay = float(decay)

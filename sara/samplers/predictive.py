@@ -31,7 +31,7 @@ from pydantic import Field
 from sara.config import SaraModel, validate_config
 from sara.priors.beta import EmpiricalBayesPrior
 from sara.priors.grid import GridPrior, grid_posterior
-from sara.priors.history import HistoryPrior
+from sara.priors.history import DEFAULT_DECAY, HistoryPrior
 from sara.priors.posteriors import p_effective
 from sara.samplers.base import PromptSampler
 
@@ -45,8 +45,10 @@ class PredictiveSamplerConfig(SaraModel):
     """Group size the mixed-group probability is computed for."""
     candidate_ratio: float = Field(8.0, ge=1.0, le=1024.0)
     """Candidates scored per prompt selected (DPS uses 8-32)."""
-    decay: float = Field(0.7, gt=0.0, le=1.0)
-    """Per-step weight of a prompt's past evidence (lambda; MoPPS uses 0.5-0.7)."""
+    decay: float = Field(DEFAULT_DECAY, gt=0.0, le=1.0)
+    """Per-step weight of a prompt's past evidence (lambda). The default (``sara.priors.history.DEFAULT_DECAY``,
+    0.95) keeps what a visit saw until the prompt's next visit on a pool drawn over many steps; MoPPS's 0.5-0.7 forget
+    it first unless the pool is revisited every few steps."""
     selection: Literal["thompson", "mean"] = "thompson"
     """'thompson': score a Thompson draw of each candidate's success rate; 'mean': score the posterior-predictive
     probability of a mixed group (greedier; exploration then comes from ``explore`` and decay only)."""
