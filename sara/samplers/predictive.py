@@ -46,9 +46,9 @@ class PredictiveSamplerConfig(SaraModel):
     candidate_ratio: float = Field(8.0, ge=1.0, le=1024.0)
     """Candidates scored per prompt selected (DPS uses 8-32)."""
     decay: float = Field(DEFAULT_DECAY, gt=0.0, le=1.0)
-    """Per-step weight of a prompt's past evidence (lambda). The default (``sara.priors.history.DEFAULT_DECAY``,
-    0.95) keeps what a visit saw until the prompt's next visit on a pool drawn over many steps; MoPPS's 0.5-0.7 forget
-    it first unless the pool is revisited every few steps."""
+    """Per-step weight of a prompt's past evidence (lambda; ``sara.priors.history.DEFAULT_DECAY``, MoPPS's range).
+    Higher keeps a visit's evidence until the prompt's next visit, which pays while the policy moves slowly and costs
+    once it learns fast (docs/beyond.md, section 3, has both measured)."""
     selection: Literal["thompson", "mean"] = "thompson"
     """'thompson': score a Thompson draw of each candidate's success rate; 'mean': score the posterior-predictive
     probability of a mixed group (greedier; exploration then comes from ``explore`` and decay only)."""
