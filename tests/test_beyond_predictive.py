@@ -77,16 +77,15 @@ def test_options_are_validated():
 
 
 def test_a_longer_memory_pays_on_a_revisited_pool_that_does_not_move():
-    # A step draws about a tenth of this pool, so a prompt comes back about every ten steps. With the default decay a
-    # visit's evidence is nearly gone by then (0.7^10 = 3%); with decay=0.95 most of it is left, and on a pool whose
-    # success rates do not move that buys cheaper effective groups (on a fast-learning LLM it does not: beyond.md 3).
+    # A step draws about a tenth of this pool, so a prompt comes back about every ten steps. At decay=0.7 a visit's
+    # evidence is nearly gone by then (0.7^10 = 3%); with decay=0.95 most of it is left, and on a pool whose success
+    # rates do not move that buys cheaper effective groups (on a fast-learning LLM it does not: beyond.md 3).
     from sara.allocators import compose
-    from sara.priors.history import DEFAULT_DECAY
 
-    assert PredictiveSampler(10, seed=0).config.decay == DEFAULT_DECAY
+    assert PredictiveSampler(10, seed=0).config.decay == "auto"
     sampler = PredictiveSampler(10, seed=0, decay=0.95)
     sampler.update(np.array([0]), np.array([8]), np.array([0.0]), step=0)
-    assert sampler.posterior.evidence(np.array([0]), step=10)[1][0] > 0.5 * 8 > 8 * DEFAULT_DECAY**10
+    assert sampler.posterior.evidence(np.array([0]), step=10)[1][0] > 0.5 * 8 > 8 * 0.7**10
 
     def rollouts_per_effective_group(spec):
         env = SimulatedEnv("u-shaped", size=1000, seed=6)
@@ -98,4 +97,7 @@ def test_a_longer_memory_pays_on_a_revisited_pool_that_does_not_move():
                 spent, effective = spent + res.stats.rollouts, effective + res.stats.effective_groups
         return spent / effective
 
-    assert rollouts_per_effective_group("predictive:decay=0.95") < 0.9 * rollouts_per_effective_group("predictive")
+    short = rollouts_per_effective_group("predictive:decay=0.7")
+    assert rollouts_per_effective_group("predictive:decay=0.95") < 0.9 * short
+    # The default (decay=auto) finds the long memory from the revisits alone (it starts at 0.7).
+    assert rollouts_per_effective_group("predictive") < 0.9 * short

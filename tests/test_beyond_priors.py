@@ -5,6 +5,7 @@ import pytest
 
 from sara import SimulatedEnv, UniformSampler, collect
 from sara.allocators import Decision, make_allocator
+from sara.config import ConfigError
 from sara.priors import EmpiricalBayesPrior, HistoryPrior, make_prior
 from sara.testing import check_allocator
 
@@ -109,3 +110,49 @@ def test_prior_errors_are_config_errors_naming_the_field():
         HistoryPrior(decay=0.0)
     with pytest.raises(ConfigError, match="field 'window'"):
         EmpiricalBayesPrior(window=0)
+
+
+def _revisits(prior, rng, p_next, steps=40, size=200, every=5):
+    """Feed ``prior`` a pool visited in turn (every prompt each ``every`` steps, 8 rollouts per visit); ``p_next(p)``
+    gives a prompt's success rate at its next visit."""
+    p = rng.beta(0.3, 0.3, size)
+    for t in range(steps):
+        idx = np.arange(t % every, size, every)
+        p[idx] = p_next(p[idx])
+        s = rng.binomial(8, p[idx]).astype(float)
+        prior.update(idx, np.full(len(idx), 8), s, step=t)
+
+
+def test_auto_decay_keeps_history_that_predicts_and_drops_history_that_does_not():
+    from sara.priors.history import AUTO_DECAYS, START_DECAY
+
+    rng = np.random.default_rng(0)
+    assert HistoryPrior().decay == START_DECAY and len(HistoryPrior().decays) == len(AUTO_DECAYS)  # auto by default
+    stable = HistoryPrior("auto")
+    _revisits(stable, rng, lambda p: p)  # success rates that do not move: a long memory predicts
+    assert stable.decay >= 0.95
+    moving = HistoryPrior("auto")
+    _revisits(moving, rng, lambda p: rng.beta(0.3, 0.3, len(p)))  # a new rate at every visit: history misleads
+    assert moving.decay == min(AUTO_DECAYS)
+    fixed = HistoryPrior(0.7)
+    _revisits(fixed, rng, lambda p: p)
+    assert fixed.decay == 0.7 and fixed.decays.tolist() == [0.7]
+
+
+def test_auto_decay_state_round_trips_and_checks_its_candidates():
+    rng = np.random.default_rng(1)
+    prior = HistoryPrior("auto")
+    _revisits(prior, rng, lambda p: p, steps=20)
+    again = HistoryPrior("auto")
+    again.load_state_dict(prior.state_dict())
+    idx = np.arange(200)
+    assert again.decay == prior.decay and np.allclose(again.scores, prior.scores)
+    assert np.allclose(again.params(idx)["alpha0"], prior.params(idx)["alpha0"])
+    with pytest.raises(ValueError, match="decays"):
+        HistoryPrior(0.7).load_state_dict(prior.state_dict())
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, "fast"])
+def test_decay_is_a_number_in_the_unit_interval_or_auto(value):
+    with pytest.raises(ConfigError, match="decay"):
+        make_allocator(f"sara:prior=history,decay={value}", k=8)

@@ -10,7 +10,7 @@ from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
 from sara.priors import BorrowedHistory, EmpiricalBayesPrior, HistoryPrior
 from sara.priors.grid import GridPrior, beta_on_grid
-from sara.priors.history import DEFAULT_DECAY
+from sara.priors.history import START_DECAY
 from sara.samplers import make_sampler
 
 
@@ -167,7 +167,7 @@ def test_compose_lends_the_predictive_history():
     # Evidence the sampler gathered is what the allocator's units start from.
     sampler.update(np.array([3]), np.array([8]), np.array([8.0]), step=0)
     prm = alloc.prior.params(np.array([3, 4]))
-    assert prm["hist_s"].tolist() == pytest.approx([8 * DEFAULT_DECAY, 0.0]) and prm["hist_f"].tolist() == [0.0, 0.0]
+    assert prm["hist_s"].tolist() == pytest.approx([8 * START_DECAY, 0.0]) and prm["hist_f"].tolist() == [0.0, 0.0]
 
 
 def test_sara_at_predictive_in_the_benchmark_reads_the_history(monkeypatch):

@@ -144,3 +144,14 @@ def test_the_step_that_spends_the_rollout_budget_flushes_the_bank(tmp_path):
         assert trainer.budget_spent() and len(trainer.bank) == 0
     assert [m["alloc/committed_groups"] for m in ms] == [m["alloc/committed_groups"] for m in free]
     assert ms[0]["train/batch_groups"] > free[0]["train/batch_groups"]  # the surplus trained, not banked
+
+
+def test_the_trainer_logs_what_the_sampler_reports(tmp_path):
+    pytest.importorskip("torch")
+    from sara.train import Trainer
+
+    with Trainer(_cfg(tmp_path / "auto", sampler="predictive:decay=auto", steps=2)) as trainer:
+        ms = _steps(trainer, 2)
+    assert [m["sampler/decay"] for m in ms] == [0.7, 0.7]  # where decay=auto starts; revisits move it
+    with Trainer(_cfg(tmp_path / "uniform", steps=1)) as trainer:
+        assert not [key for key in trainer.train_step() if key.startswith("sampler/")]

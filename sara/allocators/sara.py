@@ -26,7 +26,7 @@ from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.config import ConfigError
 from sara.priors.base import GroupedPopulation, Prior, population_of
 from sara.priors.grid import GridPrior
-from sara.priors.history import DEFAULT_DECAY, BorrowedHistory, HistoryPrior
+from sara.priors.history import DEFAULT_DECAY, BorrowedHistory, Decay, HistoryPrior
 from sara.seeding import derive_seeds, uniform_from_seeds
 from sara.types import Decision, Prompt
 from sara.units import UnitView
@@ -45,9 +45,10 @@ class PriorOptions(SequentialConfig):
     """'constant' (Beta(alpha0, beta0)), 'empirical' (fitted online to the population seen so far), 'history' (each
     prompt's own posterior from earlier steps, decayed by ``decay`` per step, over the empirical base). None: the
     rule's default, or, with a predictive sampler, the sampler's history (``sara.allocators.compose``)."""
-    decay: float = Field(DEFAULT_DECAY, gt=0.0, le=1.0)
-    """History prior only: weight of evidence per step of age (lambda in MoPPS; 1 = never forget; the default is
-    ``sara.priors.history.DEFAULT_DECAY``)."""
+    decay: Decay = DEFAULT_DECAY
+    """History prior only: weight of evidence per step of age (lambda in MoPPS, in (0, 1]; 1 = never forget), or
+    "auto" (the default, ``sara.priors.history.DEFAULT_DECAY``): chosen online by how well each candidate predicts
+    revisits."""
     max_evidence: float = Field(64.0, gt=0.0)
     """History prior only: cap on a prompt's decayed pseudo-count, so stale evidence cannot outweigh what the running
     step sees when the policy has moved (lower under fast drift)."""

@@ -42,6 +42,10 @@ class PromptSampler(ABC):
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:  # noqa: B027
         """Feedback after a step: per unit, its prompt, rollouts observed and reward sum."""
 
+    def metrics(self) -> dict[str, float]:
+        """What the sampler reports each training step, as ``sampler/...`` keys (none by default)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

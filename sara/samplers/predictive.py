@@ -1,7 +1,8 @@
 """Predictive prompt selection (DPS / MoPPS-style): pick the prompts most likely to give a mixed group.
 
 Each prompt keeps a discounted Beta posterior of its success rate (``HistoryPrior``: evidence decays by ``decay`` per
-step toward an empirical-Bayes population prior). When the allocator wants ``m`` prompts, the sampler draws a candidate
+step toward an empirical-Bayes population prior; by default the decay is chosen online by how well it predicts
+revisits). When the allocator wants ``m`` prompts, the sampler draws a candidate
 pool of ``m * candidate_ratio`` prompts (uniformly, without the ones already drawn this step), Thompson-samples a
 success rate ``p~`` for each from its posterior, and takes the ``m`` candidates with the largest
 ``P(mixed group of k | p~) = 1 - p~^k - (1 - p~)^k``. A fraction ``explore`` of each draw is taken from the
@@ -31,7 +32,7 @@ from pydantic import Field
 from sara.config import SaraModel, validate_config
 from sara.priors.beta import EmpiricalBayesPrior
 from sara.priors.grid import GridPrior, grid_posterior
-from sara.priors.history import DEFAULT_DECAY, HistoryPrior
+from sara.priors.history import DEFAULT_DECAY, Decay, HistoryPrior
 from sara.priors.posteriors import p_effective
 from sara.samplers.base import PromptSampler
 
@@ -45,10 +46,11 @@ class PredictiveSamplerConfig(SaraModel):
     """Group size the mixed-group probability is computed for."""
     candidate_ratio: float = Field(8.0, ge=1.0, le=1024.0)
     """Candidates scored per prompt selected (DPS uses 8-32)."""
-    decay: float = Field(DEFAULT_DECAY, gt=0.0, le=1.0)
-    """Per-step weight of a prompt's past evidence (lambda; ``sara.priors.history.DEFAULT_DECAY``, MoPPS's range).
-    Higher keeps a visit's evidence until the prompt's next visit, which pays while the policy moves slowly and costs
-    once it learns fast (docs/beyond.md, section 3, has both measured)."""
+    decay: Decay = DEFAULT_DECAY
+    """Per-step weight of a prompt's past evidence (lambda, in (0, 1]). Higher keeps a visit's evidence until the
+    prompt's next visit, which pays while the policy moves slowly and costs once it learns fast (docs/beyond.md,
+    section 3, has both measured). "auto" (the default, ``sara.priors.history.DEFAULT_DECAY``): chosen online among
+    ``sara.priors.history.AUTO_DECAYS`` by how well each predicts the outcomes of revisited prompts."""
     selection: Literal["thompson", "mean"] = "thompson"
     """'thompson': score a Thompson draw of each candidate's success rate; 'mean': score the posterior-predictive
     probability of a mixed group (greedier; exploration then comes from ``explore`` and decay only)."""
@@ -141,6 +143,10 @@ class PredictiveSampler(PromptSampler):
         self.posterior.update(pool_index, n, rsum, step)
         self._taken[:] = False
         self._calls = 0
+
+    def metrics(self) -> dict[str, float]:
+        """``sampler/decay``: the decay in use (with ``decay=auto``, the one the revisits chose)."""
+        return {"sampler/decay": self.posterior.decay}
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "posterior": self.posterior.state_dict(), "visits": self.visits.copy(),

@@ -178,7 +178,8 @@ class Trainer:
                     self.version += 1
                     self.backend.update_weights(self.policy.state_dict(), self.version)
             self.step += 1
-            metrics = {**self._collect_metrics(result), **health, **algo_metrics, **extra.get("metrics", {}),
+            metrics = {**self._collect_metrics(result), **health, **self.sampler.metrics(), **algo_metrics,
+                       **extra.get("metrics", {}),
                        "train/batch_groups": float(len(groups)), "train/banked_groups": float(len(self.bank)),
                        "train/group_reward_var": batch_reward_variance(groups)}
             self.totals["verifier_errors"] += health["env/verifier_errors"]
