@@ -190,9 +190,9 @@ class HistoryPrior(Prior):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not state:
             return
-        if list(state["decays"]) != self.decays.tolist():
-            raise ValueError(f"history prior: checkpoint has decays {list(state['decays'])}, this prior "
-                             f"{self.decays.tolist()}")
+        if list(state.get("decays", [])) != self.decays.tolist():
+            raise ValueError(f"history prior: checkpoint has decays {list(state.get('decays', []))}, this prior "
+                             f"{self.decays.tolist()} (resume with the decay the run was started with)")
         succ = np.asarray(state["succ"], np.float64)
         if succ.ndim != 2 or succ.shape[1] != len(self.decays):
             raise ValueError(f"history prior: evidence of shape {succ.shape} for {len(self.decays)} decays")
