@@ -78,12 +78,11 @@ class HistoryPrior(Prior):
 
     def __init__(self, decay: Decay = DEFAULT_DECAY, base: Prior | None = None, *, max_evidence: float = 64.0,
                  score_decay: float = 0.9, margin: float = 3.0) -> None:
-        if decay == "auto":
-            self.decays = np.asarray(AUTO_DECAYS, np.float64)
-        elif isinstance(decay, (int, float)) and 0.0 < decay <= 1.0:
-            self.decays = np.asarray([float(decay)])
-        else:
-            raise ConfigError(f"HistoryPrior: field 'decay': must be in (0, 1] or 'auto' (got {decay!r})")
+        try:
+            checked = _decay(decay)
+        except ValueError as err:
+            raise ConfigError(f"HistoryPrior: field 'decay': {err} (got {decay!r})") from None
+        self.decays = np.asarray(AUTO_DECAYS if checked == "auto" else [checked], np.float64)
         self.chosen = int(np.argmin(np.abs(self.decays - START_DECAY)))
         self.base: Prior = base if base is not None else EmpiricalBayesPrior()
         self.max_evidence = float(max_evidence)

@@ -2,11 +2,11 @@
 
 Each prompt keeps a discounted Beta posterior of its success rate (``HistoryPrior``: evidence decays by ``decay`` per
 step toward an empirical-Bayes population prior; by default the decay is chosen online by how well it predicts
-revisits). When the allocator wants ``m`` prompts, the sampler draws a candidate
-pool of ``m * candidate_ratio`` prompts (uniformly, without the ones already drawn this step), Thompson-samples a
-success rate ``p~`` for each from its posterior, and takes the ``m`` candidates with the largest
-``P(mixed group of k | p~) = 1 - p~^k - (1 - p~)^k``. A fraction ``explore`` of each draw is taken from the
-least-visited candidates instead (a round robin over the pool, so nothing starves). Thompson sampling plus decay keeps every prompt revisitable: an all-fail prompt's posterior widens
+revisits). When the allocator wants ``m`` prompts, the sampler draws a candidate pool of ``m * candidate_ratio``
+prompts (uniformly, without the ones already drawn this step), Thompson-samples a success rate ``p~`` for each from
+its posterior, and takes the ``m`` candidates with the largest ``P(mixed group of k | p~) = 1 - p~^k - (1 - p~)^k``. A
+fraction ``explore`` of each draw is taken from the least-visited candidates instead (a round robin over the pool, so
+nothing starves). Thompson sampling plus decay keeps every prompt revisitable: an all-fail prompt's posterior widens
 again as its evidence ages, so it is retried after a while (that is what makes drift visible).
 
 It composes with any allocator ("SARA + DPS"): the sampler decides *which* prompts enter, the allocator decides how
