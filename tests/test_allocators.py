@@ -22,7 +22,7 @@ def test_every_registered_allocator_conforms(name):
     check_allocator(make_allocator(name, k=8), target_groups=32, steps=2, seeds=(0,))
 
 
-@pytest.mark.parametrize("spec", ["sara:probe=2/1", "sara:completion=as_is", "sara:oversample=1", "sara:grow_to=12",
+@pytest.mark.parametrize("spec", ["sara:probe=2/1", "sara:completion=as_is", "sara:oversample=1",
                                   "sara_paper:tau_high=0.7,tau_low=0.3", "sara_paper:prior=history",
                                   "sara:prior=history", "sara:prior=constant,alpha0=0.3,beta0=0.3",
                                   "ds:gen_batch_prompts=16,max_gen_batches=3"])
@@ -62,20 +62,6 @@ def test_as_is_keeps_variable_size_groups():
     sizes = {g.size for g in res.groups}
     assert len(sizes) > 2 and min(sizes) >= 2
     assert all(g.is_effective() for g in res.groups)
-
-
-def test_grow_to_spends_more_on_groups_near_one_half():
-    env = SimulatedEnv("uniform", size=2000, seed=0)
-    alloc = make_allocator("sara:grow_to=16,grow_band=0.125", k=8)
-    res = collect(alloc, env, UniformSampler(2000), target_groups=64)
-    sizes = np.array([g.size for g in res.groups])
-    assert set(sizes.tolist()) <= {8, 16} and (sizes == 16).sum() >= 5 and (sizes == 8).sum() >= 5
-    # The size follows the first k outcomes: 3-5 successes of 8 grow, the others do not; a group still growing when
-    # the target is reached is committed with the rollouts it has (as a group cut by the budget is).
-    near = np.array([abs(float(np.asarray(g.rewards)[:8].mean()) - 0.5) <= 0.125 for g in res.groups])
-    assert near[sizes == 16].all() and (sizes[~near] == 8).all()
-    assert (sizes[near] == 16).mean() > 0.7
-    assert alloc.max_group_size == 16
 
 
 def test_uniform_commits_saturated_groups_and_ds_drops_them():
@@ -131,8 +117,6 @@ def test_bad_decide_shape_is_reported():
     ("sara:k=1", "k"), ("sara_paper:tau_low=1.5", "tau_low"), ("sara_paper:tau_low=0.6,tau_high=0.5", "tau_low"),
     ("sara:alpha0=-1", "alpha0"), ("sara:beta0=0", "beta0"), ("sara:probe=0", "probe"), ("sara:bogus=1", "bogus"),
     ("ds:max_gen_batches=0", "max_gen_batches"), ("sara:oversample=0.5", "oversample"),
-    ("sara:grow_to=8", "grow_to"), ("sara:grow_to=16,completion=as_is", "grow_to"), ("sara_tree:grow_to=16", "grow_to"),
-    ("sara:grow_to=16,grow_band=0", "grow_band"),
 ])
 def test_invalid_configs_name_the_field(spec, field):
     with pytest.raises(ConfigError, match=field):

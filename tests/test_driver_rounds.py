@@ -18,17 +18,15 @@ def fingerprint(res):
 @settings(max_examples=40, deadline=None)
 @given(
     alpha=st.floats(0.05, 5), beta=st.floats(0.05, 5), k=st.integers(2, 12), target=st.integers(1, 40),
-    tau=st.floats(0.0, 0.9), probe=st.sampled_from(["1", "2", "2/1", "3/1"]), completion=st.sampled_from(["complete", "as_is", "grow"]),
+    tau=st.floats(0.0, 0.9), probe=st.sampled_from(["1", "2", "2/1", "3/1"]), completion=st.sampled_from(["complete", "as_is"]),
     budget=st.one_of(st.none(), st.integers(1, 300)), kind=st.sampled_from(["sara", "ds", "uniform"]), seed=st.integers(0, 99),
 )
 def test_accounting_always_adds_up(alpha, beta, k, target, tau, probe, completion, budget, kind, seed):
     rates = np.random.default_rng(seed).beta(alpha, beta, 400)
     env = SimulatedEnv(rates)
-    completion = {"grow": f"complete,grow_to={k + 3}"}.get(completion, completion)
     spec = {"sara": f"sara_paper:tau_low={tau:.3f},probe={probe},completion={completion}", "ds": "ds:max_gen_batches=5",
             "uniform": "uniform"}[kind]
-    allocator = make_allocator(spec, k=k)
-    res = collect(allocator, env, UniformSampler(400, seed=seed), target_groups=target,
+    res = collect(make_allocator(spec, k=k), env, UniformSampler(400, seed=seed), target_groups=target,
                   max_rollouts=budget, seed=seed, observers=[WrongAbandons(env)])
     s = res.stats
     assert s.rollouts == s.committed_rollouts + s.abandoned_rollouts + s.discarded_rollouts
@@ -40,7 +38,7 @@ def test_accounting_always_adds_up(alpha, beta, k, target, tau, probe, completio
         assert s.rollouts <= budget
     if s.stop_reason == "target_reached":
         assert s.committed_groups >= target
-    assert all(1 <= g.size <= allocator.max_group_size for g in res.groups)
+    assert all(1 <= g.size <= k for g in res.groups)
     ids = [g.group_id for g in res.groups + res.abandoned + res.discarded]
     assert len(ids) == len(set(ids))
     assert 0 <= s.wrong_abandons <= s.abandoned_groups

@@ -82,11 +82,6 @@ class BudgetAllocator(ABC):
         return self.config.k
 
     @property
-    def max_group_size(self) -> int:
-        """The most rollouts a committed group can have (k; more where the rule grows groups)."""
-        return self.k
-
-    @property
     def eps(self) -> float:
         """Effectiveness tolerance: a group is effective when its reward std exceeds it."""
         return self.config.eps

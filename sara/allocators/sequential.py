@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from sara.allocators.admission import CommitPaths, record_probe
 from sara.allocators.base import AllocatorConfig, BudgetAllocator
@@ -47,13 +47,6 @@ class SequentialConfig(AllocatorConfig):
     completion: Literal["complete", "as_is"] = "complete"
     """'complete': a committed group is filled up to k rollouts. 'as_is': it is kept at the size it has (variable-size
     groups, always >= 2 when committed because it is mixed)."""
-    grow_to: int | None = Field(None, ge=2)
-    """Spend more than k on prompts near 1/2: a committed group whose mean reward after its k rollouts is within
-    ``grow_band`` of 1/2 is filled on to this many rollouts (a variable-size group). Needs ``completion='complete'``
-    and a value above k. None: every committed group has k rollouts."""
-    grow_band: float = Field(0.25, gt=0.0, le=0.5)
-    """``grow_to``: how far from 1/2 a group's mean reward at k rollouts may be for it to grow (0.25 at k = 8: 2 to 6
-    successes)."""
     oversample: float | Literal["auto"] = "auto"
     """Units probed in parallel = ceil(groups still needed x oversample). 'auto' admits fresh units until the expected
     commits of all units in flight cover the groups still needed, with P(commit) estimated from the units' probing
@@ -85,17 +78,6 @@ class SequentialConfig(AllocatorConfig):
             v = [v]
         return v
 
-    @model_validator(mode="after")
-    def _check_grow(self) -> SequentialConfig:
-        if self.grow_to is not None:
-            if self.completion != "complete":
-                raise ValueError("field 'grow_to': groups grow only when filled to k first; drop completion=as_is or "
-                                 "grow_to")
-            if self.grow_to <= self.k:
-                raise ValueError(f"field 'grow_to': {self.grow_to} is not above k={self.k}; give a larger size or "
-                                 "drop grow_to")
-        return self
-
     @field_validator("probe")
     @classmethod
     def _check_probe(cls, v: tuple[int, ...]) -> tuple[int, ...]:
@@ -123,10 +105,6 @@ class SequentialAllocator(BudgetAllocator):
         super().__init__(config, **overrides)
         self.prior: Prior = prior if prior is not None else ConstantPrior(self.config.alpha0, self.config.beta0)
         self._paths = self.commit_paths()  # P(commit) of fresh and in-flight units, sizes oversample='auto'
-
-    @property
-    def max_group_size(self) -> int:
-        return self.config.grow_to or self.k
 
     # The hooks ---------------------------------------------------------------------------------------------------
     def decide(self, units: UnitView) -> np.ndarray:
@@ -162,7 +140,7 @@ class SequentialAllocator(BudgetAllocator):
             want = k - u.n[probe]
         else:
             want = np.minimum(self.probe_size(probe), k - u.n[probe])
-        return np.concatenate([fill, probe]), np.concatenate([self._size(fill) - u.n[fill], want])
+        return np.concatenate([fill, probe]), np.concatenate([k - u.n[fill], want])
 
     def wants_prompts(self, idle: int) -> int:
         if idle <= 0 or self.needed() == 0:
@@ -198,7 +176,6 @@ class SequentialAllocator(BudgetAllocator):
 
         # Filling units that are complete go to the batch.
         fill = touched[(u.status[touched] == UnitStatus.FILLING) & (u.n[touched] >= k)]
-        fill = fill[~self._grows(fill)]
         closed.append(fill)
         decisions.append(self._close(fill, Decision.COMMIT))
 
@@ -226,28 +203,10 @@ class SequentialAllocator(BudgetAllocator):
             decisions.append(self._close(ab, Decision.ABANDON))
         # Commit: fill to k, or keep as is (always when already complete).
         done = (u.n[commit_now] >= k) | (self.config.completion == "as_is")
-        done[done] = ~self._grows(commit_now[done])
         closed.append(commit_now[done])
         decisions.append(self._close(commit_now[done], Decision.COMMIT))
         u.status[commit_now[~done]] = UnitStatus.FILLING
         return np.concatenate(closed), np.concatenate(decisions).astype(np.int8)
-
-    def _size(self, ids: np.ndarray) -> np.ndarray:
-        """Rollouts the group of each unit is filled to: k, or ``grow_to`` once it grew."""
-        size = self.units.extra.get("size")
-        return np.full(len(ids), self.k, np.int64) if size is None else np.maximum(size[ids], self.k).astype(np.int64)
-
-    def _grows(self, ids: np.ndarray) -> np.ndarray:
-        """Mask of committed ``ids`` (mixed, at least k rollouts unless kept as is) still short of their size. A
-        group's size is set once, when it first has k rollouts: ``grow_to`` if its mean reward is near 1/2."""
-        c, u = self.config, self.units
-        if c.grow_to is None or not len(ids):
-            return np.zeros(len(ids), bool)
-        size = u.extra.setdefault("size", np.zeros(len(u)))
-        new = ids[(size[ids] == 0) & (u.n[ids] >= self.k)]
-        near = np.abs(u.rsum[new] / u.n[new] - 0.5) <= c.grow_band + 1e-12
-        size[new] = np.where(near, c.grow_to, self.k)
-        return u.n[ids] < np.maximum(size[ids], self.k)
 
     def end_step(self) -> tuple[np.ndarray, np.ndarray]:
         u = self.units

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from sara.allocators.effectiveness import EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
@@ -139,13 +139,6 @@ class TreeConfig(SARAPaperConfig):
     node_prefix: bool = False
     """Send node handles '<tree:STEP.UNIT:B:+0,0,...>' as request prefixes (for TreeSimulatedEnv / TreeTaskEnv only;
     never for plain text tasks, which would append the handle to the prompt)."""
-
-    @field_validator("grow_to")
-    @classmethod
-    def _fixed_leaves(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError("a tree has k leaves (its node arrays are sized by k); drop grow_to")
-        return v
 
 
 class TreeSARAAllocator(SARAPaperAllocator):

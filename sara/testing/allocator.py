@@ -68,7 +68,7 @@ def _check_accounting(res: CollectResult, allocator: BudgetAllocator, max_group_
             raise AllocatorCheckError(f"{name}: a group in the {want.name} bucket carries another decision")
     if any(g.size < 1 for g in res.groups):
         raise AllocatorCheckError(f"{name}: committed an empty group")
-    cap = max_group_size if max_group_size is not None else allocator.max_group_size
+    cap = max_group_size if max_group_size is not None else allocator.k
     big = [g.size for g in res.groups if g.size > cap]
     if big:
         raise AllocatorCheckError(f"{name}: committed groups larger than {cap}: sizes {big[:5]}")
@@ -97,7 +97,7 @@ def check_allocator(
         steps: Steps per run (state carried across steps, as in training).
         seeds: Seeds to run.
         max_rounds: A step that needs more rounds than this is reported as not terminating.
-        max_group_size: Largest allowed committed group (default ``allocator.max_group_size``).
+        max_group_size: Largest allowed committed group (default ``allocator.k``).
         stream: Run the streaming leg too.
 
     Returns:

@@ -129,7 +129,7 @@ def _check_step(res: CollectResult, allocator: BudgetAllocator, max_group_size: 
     seeds = [(g.pool_index, r.seed) for g in groups for r in g.rollouts]
     if len(seeds) != len(set(seeds)):
         raise error(f"{name}: a rollout is in two groups")
-    cap = max_group_size if max_group_size is not None else allocator.max_group_size
+    cap = max_group_size if max_group_size is not None else allocator.k
     if any(g.size < 1 or g.size > cap for g in res.groups):
         raise error(f"{name}: committed group sizes {[g.size for g in res.groups]} outside 1..{cap}")
     if s.effective_groups != sum(g.is_effective(allocator.eps) for g in res.groups):
