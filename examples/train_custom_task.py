@@ -42,28 +42,31 @@ def make_reverse_task(size: int = 2000, eval_size: int = 200, seed: int = 0) -> 
 
 
 def config(steps: int = 20, out_dir: str = "runs/reverse", allocator: str = "sara", seed: int = 0,
-           rollout_budget: int | None = None) -> TrainConfig:
+           rollout_budget: int | None = None, eval_every: int = 5, eval_by: str | None = None) -> TrainConfig:
     """GRPO + SARA (or ``allocator``) on the task with a small tiny policy, warm-started to a mean loss of 0.6; the run
-    ends after ``steps`` or once ``rollout_budget`` rollouts are spent, whichever comes first."""
+    ends after ``steps`` or once ``rollout_budget`` rollouts are spent, whichever comes first. Held-out accuracy every
+    ``eval_every`` steps, also per ``eval_by`` label (``<length>``: per word length) when given."""
     return TrainConfig(
         name="reverse", task="examples/Reverse-v0", algo="grpo", allocator=allocator, seed=seed, steps=steps,
         rollout_budget=rollout_budget, groups_per_step=16,
-        k=8, optim={"lr": 1e-3}, eval={"every": 5, "num_prompts": 200, "samples": 4}, out_dir=out_dir,
+        k=8, optim={"lr": 1e-3}, eval={"every": eval_every, "num_prompts": 200, "samples": 4, "by": eval_by}, out_dir=out_dir,
         policy_options={"d_model": 64, "n_layers": 2, "n_heads": 2,
                         "warm_start": {"steps": 400, "target_loss": 0.6, "batch_size": 64}},
         threads=1, progress=False)
 
 
 def main(steps: int = 20, out_dir: str = "runs/reverse", allocator: str = "sara", seed: int = 0,
-         rollout_budget: int | None = None) -> RunSummary:
+         rollout_budget: int | None = None, eval_every: int = 5, eval_by: str | None = None) -> RunSummary:
     """Register the task, check it, train on it; print and return the run's summary."""
     register_task("examples/Reverse-v0", make_reverse_task, override=True)
     stats = check_task("examples/Reverse-v0", reference=lambda p: p.answer["answer"])
     print(f"check_task: ok ({int(stats['prompts'])} prompts, {int(stats['eval_prompts'])} held out)")
-    with Trainer(config(steps, out_dir, allocator, seed, rollout_budget), verbose=True) as trainer:
+    with Trainer(config(steps, out_dir, allocator, seed, rollout_budget, eval_every, eval_by), verbose=True) as trainer:
         summary = trainer.train()
     for e in trainer.evals:
-        print(f"step {int(e['step']):3d}: held-out accuracy {e['eval/acc_sample']:.1%} (greedy {e['eval/acc_greedy']:.1%})")
+        bands = " ".join(f"{k.rsplit('/', 1)[1]}: {v:.0%}" for k, v in e.items() if k.startswith("eval/acc_sample/"))
+        print(f"step {int(e['step']):3d}: held-out accuracy {e['eval/acc_sample']:.1%} (greedy {e['eval/acc_greedy']:.1%})"
+              + (f"; by {eval_by}: {bands}" if bands else ""))
     print(f"{summary.rollouts:,} rollouts, {summary.effective_fraction:.0%} of committed groups effective, "
           f"{summary.wall_seconds:.0f} s; files in {summary.out_dir}: {', '.join(summary.files)}")
     return summary
@@ -77,5 +80,8 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0, help="run seed: rollouts, prompt order (default: 0)")
     parser.add_argument("--rollout-budget", type=int, default=None,
                         help="also stop once this many rollouts are spent (default: steps only)")
+    parser.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every this many steps (default: 5)")
+    parser.add_argument("--eval-by", default=None,
+                        help="also report held-out accuracy per label, e.g. '<length>' (characters of the prompt)")
     args = parser.parse_args()
-    main(args.steps, args.out, args.allocator, args.seed, args.rollout_budget)
+    main(args.steps, args.out, args.allocator, args.seed, args.rollout_budget, args.eval_every, args.eval_by)

@@ -40,3 +40,11 @@ def test_custom_task_stops_at_its_rollout_budget(tmp_path):
     summary = mod.main(steps=200, out_dir=str(tmp_path / "run"), allocator="ds", seed=1, rollout_budget=900)
     assert 900 <= summary.rollouts < 900 + 16 * 8 * 8, summary.rollouts
     assert 1 <= summary.steps < 200
+
+
+def test_custom_task_reports_accuracy_per_word_length(tmp_path, capsys):
+    """``--eval-by '<length>'`` prints held-out accuracy per prompt length (a word of 3-7 letters plus '>')."""
+    mod = _example()
+    mod.main(steps=1, out_dir=str(tmp_path / "run"), eval_every=1, eval_by="<length>")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
+    assert len(lines) == 2 and all("; by <length>: 4: " in ln and " 8: " in ln for ln in lines), lines

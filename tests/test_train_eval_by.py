@@ -19,11 +19,12 @@ def _evaluate(tmp_path, task, **eval_opts):
                       policy_options={"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}})
     with Trainer(cfg) as trainer:
         prompts = trainer.eval_env.prompts[:12]
-        return trainer.evaluate(), [p.metadata.get("component") for p in prompts]
+        return trainer.evaluate(), prompts
 
 
 def test_a_mixture_pool_reports_accuracy_per_component(tmp_path):
-    out, labels = _evaluate(tmp_path, MIX)
+    out, prompts = _evaluate(tmp_path, MIX)
+    labels = [p.metadata.get("component") for p in prompts]
     per = {k.rsplit("/", 1)[1]: v for k, v in out.items() if k.startswith("eval/acc_sample/")}
     assert set(per) == {"a", "b"} == set(labels)
     share = {n: labels.count(n) / len(labels) for n in per}
@@ -36,3 +37,32 @@ def test_no_labels_no_per_label_metrics(tmp_path, task, opts):
     out, _ = _evaluate(tmp_path, task, **opts)
     assert "eval/acc_sample" in out and not [k for k in out if k.startswith("eval/acc_sample/")]
     assert np.isfinite(out["eval/acc_sample"])
+
+
+def test_length_labels_by_value_and_in_bins():
+    from types import SimpleNamespace
+
+    from sara.train.evaluate import _by_label
+
+    few = [SimpleNamespace(prompt="x" * n, metadata={}) for n in (3, 3, 4, 10, 10, 10)]
+    acc = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    out = _by_label(few, acc, "<length>")
+    assert list(out) == ["eval/acc_sample/3", "eval/acc_sample/4", "eval/acc_sample/10"]  # numeric order
+    assert out["eval/acc_sample/3"] == 0.5 and out["eval/acc_sample/10"] == pytest.approx(1 / 3)
+    many = [SimpleNamespace(prompt="x" * n, metadata={}) for n in range(1, 61)]
+    out = _by_label(many, np.arange(60) / 59, "<length>")
+    names = [k.rsplit("/", 1)[1] for k in out]
+    assert len(names) == 6 and names[0].startswith("1-") and names[-1].endswith("-60")
+    bounds = [tuple(map(int, n.split("-"))) for n in names]
+    assert all(lo <= hi for lo, hi in bounds) and all(a[1] < b[0] for a, b in zip(bounds, bounds[1:]))  # disjoint
+    assert out[f"eval/acc_sample/{names[0]}"] < out[f"eval/acc_sample/{names[-1]}"]
+
+
+def test_length_labels_in_a_run_cover_every_held_out_prompt(tmp_path):
+    from sara.priors.features import prompt_length
+
+    out, prompts = _evaluate(tmp_path, "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=40,eval_size=12", by="<length>")
+    per = {int(k.rsplit("/", 1)[1]): v for k, v in out.items() if k.startswith("eval/acc_sample/")}
+    lengths = [prompt_length(p) for p in prompts]
+    assert set(per) == set(lengths) and len(per) >= 2  # few distinct lengths: one label per length
+    assert sum(per[n] * lengths.count(n) / len(lengths) for n in per) == pytest.approx(out["eval/acc_sample"])

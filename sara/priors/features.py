@@ -29,7 +29,8 @@ from sara.priors.grouped import GroupedGridPrior, metadata_values, value_codes
 from sara.types import Prompt
 from sara.units import UnitTable
 
-__all__ = ["FeatureGroupedPrior", "feature_splits", "MAX_CATEGORIES", "NUMERIC_BINS", "LENGTH"]
+__all__ = ["FeatureGroupedPrior", "feature_splits", "prompt_length", "quantile_bins", "MAX_CATEGORIES", "NUMERIC_BINS",
+           "LENGTH"]
 
 MAX_CATEGORIES = 32
 """A key with at most this many distinct values is split by value; a numeric key with more is cut at quantiles;
@@ -44,13 +45,14 @@ SCAN_LIMIT = 2_000_000
 """Pools larger than this are not scanned (one population)."""
 
 
-def _length(p: Prompt) -> int:
+def prompt_length(p: Prompt) -> int:
+    """A prompt's length in characters (a chat prompt: the sum of its messages' contents)."""
     if isinstance(p.prompt, str):
         return len(p.prompt)
     return sum(len(str(m.get("content", ""))) for m in p.prompt)
 
 
-def _bins(values: np.ndarray, bins: int) -> np.ndarray | None:
+def quantile_bins(values: np.ndarray, bins: int) -> np.ndarray | None:
     """Quantile-bin labels of numeric ``values``; None when they take fewer than two bins."""
     edges = np.unique(np.quantile(values, np.linspace(0, 1, bins + 1)[1:-1]))
     labels = np.searchsorted(edges, values, side="right")
@@ -71,7 +73,7 @@ def feature_splits(prompts: Sequence[Prompt], *, probes: int = 64) -> dict[str, 
     if size == 0:
         return {}
     at = np.unique(np.linspace(0, size - 1, min(probes, size)).astype(np.int64))
-    if not any(prompts[int(i)].metadata or _length(prompts[int(i)]) for i in at) or size > SCAN_LIMIT:
+    if not any(prompts[int(i)].metadata or prompt_length(prompts[int(i)]) for i in at) or size > SCAN_LIMIT:
         return {}
     rows = [prompts[i] for i in range(size)]
     out: dict[str, np.ndarray] = {}
@@ -83,10 +85,10 @@ def feature_splits(prompts: Sequence[Prompt], *, probes: int = 64) -> dict[str, 
         if distinct <= MAX_CATEGORIES:
             out[key] = value_codes(values)
         elif all(_is_number(v) for v in values):
-            labels = _bins(np.asarray(values, np.float64), NUMERIC_BINS)
+            labels = quantile_bins(np.asarray(values, np.float64), NUMERIC_BINS)
             if labels is not None:
                 out[key] = labels
-    lengths = _bins(np.asarray([_length(p) for p in rows], np.float64), NUMERIC_BINS)
+    lengths = quantile_bins(np.asarray([prompt_length(p) for p in rows], np.float64), NUMERIC_BINS)
     if lengths is not None:
         out[LENGTH] = lengths
     return out

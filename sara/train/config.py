@@ -61,7 +61,8 @@ class EvalConfig(SaraModel):
     by: str | None = "component"
     """Also report ``eval/acc_sample/<value>`` per value of this ``Prompt.metadata`` key when the held-out prompts
     carry it with at most 32 distinct values (``component``: the bands of a ``sara/Mixture-v0`` pool; ``level``:
-    MATH levels; None = off). Shows which part of a curriculum moves."""
+    MATH levels; ``<length>``: the prompt's length in characters, by value or in quantile bins, for a pool without
+    metadata; None = off). Shows which part of a curriculum moves, and which band an allocator starves."""
 
 
 TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 1500, "target_loss": 0.81}}

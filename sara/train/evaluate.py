@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from sara.priors.features import LENGTH, NUMERIC_BINS, prompt_length, quantile_bins
+
 __all__ = ["held_out_accuracy"]
 
 
@@ -46,12 +48,38 @@ def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None) -> dic
 
 def _by_label(prompts: list[Any], per_prompt: np.ndarray, key: str | None, max_labels: int = 32) -> dict[str, float]:
     """``eval/acc_sample/<label>``: mean accuracy of the held-out prompts per value of ``metadata[key]`` (prompts
-    without the key are left out; nothing when no prompt has it or it has more than ``max_labels`` values)."""
+    without the key are left out; nothing when no prompt has it or it has more than ``max_labels`` values). ``key``
+    ``<length>`` labels each prompt by its length in characters, by value when it takes at most ``max_labels``
+    values, else in ``NUMERIC_BINS`` quantile bins named ``<shortest>-<longest>``: the bands ``group_by=auto`` can
+    split a pool without metadata into."""
     if key is None:
         return {}
-    labels = [p.metadata.get(key) for p in prompts]
-    names = sorted({str(v) for v in labels if v is not None})
+    if key == LENGTH:
+        lab = _length_labels(prompts, max_labels)
+    else:
+        labels = [p.metadata.get(key) for p in prompts]
+        lab = np.array(["" if v is None else str(v) for v in labels])
+    names = sorted(set(lab.tolist()) - {""}, key=_natural)
     if not names or len(names) > max_labels:
         return {}
-    lab = np.array(["" if v is None else str(v) for v in labels])
     return {f"eval/acc_sample/{n}": float(per_prompt[lab == n].mean()) for n in names}
+
+
+def _length_labels(prompts: list[Any], max_labels: int) -> np.ndarray:
+    lengths = np.array([prompt_length(p) for p in prompts], np.int64)
+    if len(np.unique(lengths)) <= max_labels:
+        return lengths.astype(str)
+    bins = quantile_bins(lengths.astype(np.float64), NUMERIC_BINS)
+    if bins is None:
+        return lengths.astype(str)
+    out = np.empty(len(lengths), dtype=object)
+    for b in np.unique(bins):
+        at = bins == b
+        out[at] = f"{lengths[at].min()}-{lengths[at].max()}"
+    return out.astype(str)
+
+
+def _natural(label: str) -> tuple[float, str]:
+    """Numeric labels (``7``, ``12-30``) in numeric order, the rest after them alphabetically."""
+    head = label.split("-", 1)[0]
+    return (float(head), label) if head.isdigit() else (float("inf"), label)
