@@ -45,11 +45,11 @@ def config(steps: int = 20, out_dir: str = "runs/reverse", allocator: str = "sar
            rollout_budget: int | None = None, eval_every: int = 5, eval_by: str | None = None) -> TrainConfig:
     """GRPO + SARA (or ``allocator``) on the task with a small tiny policy, warm-started to a mean loss of 0.6; the run
     ends after ``steps`` or once ``rollout_budget`` rollouts are spent, whichever comes first. Held-out accuracy every
-    ``eval_every`` steps, also per ``eval_by`` label (``<length>``: per word length) when given."""
+    ``eval_every`` steps, also per ``eval_by`` label (None: the trainer's default, here the prompt length)."""
     return TrainConfig(
         name="reverse", task="examples/Reverse-v0", algo="grpo", allocator=allocator, seed=seed, steps=steps,
         rollout_budget=rollout_budget, groups_per_step=16,
-        k=8, optim={"lr": 1e-3}, eval={"every": eval_every, "num_prompts": 200, "samples": 4, "by": eval_by}, out_dir=out_dir,
+        k=8, optim={"lr": 1e-3}, eval={"every": eval_every, "num_prompts": 200, "samples": 4, **({"by": eval_by} if eval_by else {})}, out_dir=out_dir,
         policy_options={"d_model": 64, "n_layers": 2, "n_heads": 2,
                         "warm_start": {"steps": 400, "target_loss": 0.6, "batch_size": 64}},
         threads=1, progress=False)
@@ -66,7 +66,7 @@ def main(steps: int = 20, out_dir: str = "runs/reverse", allocator: str = "sara"
     for e in trainer.evals:
         bands = " ".join(f"{k.rsplit('/', 1)[1]}: {v:.0%}" for k, v in e.items() if k.startswith("eval/acc_sample/"))
         print(f"step {int(e['step']):3d}: held-out accuracy {e['eval/acc_sample']:.1%} (greedy {e['eval/acc_greedy']:.1%})"
-              + (f"; by {eval_by}: {bands}" if bands else ""))
+              + (f"; per band: {bands}" if bands else ""))
     print(f"{summary.rollouts:,} rollouts, {summary.effective_fraction:.0%} of committed groups effective, "
           f"{summary.wall_seconds:.0f} s; files in {summary.out_dir}: {', '.join(summary.files)}")
     return summary
@@ -82,6 +82,6 @@ if __name__ == "__main__":
                         help="also stop once this many rollouts are spent (default: steps only)")
     parser.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every this many steps (default: 5)")
     parser.add_argument("--eval-by", default=None,
-                        help="also report held-out accuracy per label, e.g. '<length>' (characters of the prompt)")
+                        help="held-out accuracy per this metadata key or '<length>' (default: the prompt's length)")
     args = parser.parse_args()
     main(args.steps, args.out, args.allocator, args.seed, args.rollout_budget, args.eval_every, args.eval_by)

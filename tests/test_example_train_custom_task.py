@@ -43,8 +43,9 @@ def test_custom_task_stops_at_its_rollout_budget(tmp_path):
 
 
 def test_custom_task_reports_accuracy_per_word_length(tmp_path, capsys):
-    """``--eval-by '<length>'`` prints held-out accuracy per prompt length (a word of 3-7 letters plus '>')."""
+    """Every evaluation line carries held-out accuracy per prompt length (a word of 3-7 letters plus '>'): the
+    trainer's default for a pool without ``component``."""
     mod = _example()
-    mod.main(steps=1, out_dir=str(tmp_path / "run"), eval_every=1, eval_by="<length>")
+    mod.main(steps=1, out_dir=str(tmp_path / "run"), eval_every=1)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
-    assert len(lines) == 2 and all("; by <length>: 4: " in ln and " 8: " in ln for ln in lines), lines
+    assert len(lines) == 2 and all("; per band: 4: " in ln and " 8: " in ln for ln in lines), lines

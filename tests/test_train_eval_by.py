@@ -32,7 +32,8 @@ def test_a_mixture_pool_reports_accuracy_per_component(tmp_path):
     assert all(0.0 <= v <= 1.0 for v in per.values())
 
 
-@pytest.mark.parametrize("task,opts", [(MIX, {"by": None}), ("sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=12", {})])
+@pytest.mark.parametrize("task,opts", [(MIX, {"by": None}),
+                                       ("sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=12", {"by": "component"})])
 def test_no_labels_no_per_label_metrics(tmp_path, task, opts):
     out, _ = _evaluate(tmp_path, task, **opts)
     assert "eval/acc_sample" in out and not [k for k in out if k.startswith("eval/acc_sample/")]
@@ -47,6 +48,7 @@ def test_length_labels_by_value_and_in_bins():
     few = [SimpleNamespace(prompt="x" * n, metadata={}) for n in (3, 3, 4, 10, 10, 10)]
     acc = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
     out = _by_label(few, acc, "<length>")
+    assert _by_label(few, acc, "level|<length>") == out and _by_label(few, acc, "level") == {}  # first that labels
     assert list(out) == ["eval/acc_sample/3", "eval/acc_sample/4", "eval/acc_sample/10"]  # numeric order
     assert out["eval/acc_sample/3"] == 0.5 and out["eval/acc_sample/10"] == pytest.approx(1 / 3)
     many = [SimpleNamespace(prompt="x" * n, metadata={}) for n in range(1, 61)]
@@ -58,10 +60,11 @@ def test_length_labels_by_value_and_in_bins():
     assert out[f"eval/acc_sample/{names[0]}"] < out[f"eval/acc_sample/{names[-1]}"]
 
 
-def test_length_labels_in_a_run_cover_every_held_out_prompt(tmp_path):
+def test_the_default_labels_a_pool_without_components_by_length(tmp_path):
+    """``by="component|<length>"`` (the default): no prompt has a component, so the prompt length labels them."""
     from sara.priors.features import prompt_length
 
-    out, prompts = _evaluate(tmp_path, "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=40,eval_size=12", by="<length>")
+    out, prompts = _evaluate(tmp_path, "sara/Arithmetic-v0:max_digits=2,ops=+,pool_size=40,eval_size=12")
     per = {int(k.rsplit("/", 1)[1]): v for k, v in out.items() if k.startswith("eval/acc_sample/")}
     lengths = [prompt_length(p) for p in prompts]
     assert set(per) == set(lengths) and len(per) >= 2  # few distinct lengths: one label per length

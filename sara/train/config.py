@@ -58,11 +58,13 @@ class EvalConfig(SaraModel):
     """Sampled completions per prompt at the training temperature (``eval/acc_sample``)."""
     greedy: bool = True
     """Also report greedy accuracy (``eval/acc_greedy``)."""
-    by: str | None = "component"
+    by: str | None = "component|<length>"
     """Also report ``eval/acc_sample/<value>`` per value of this ``Prompt.metadata`` key when the held-out prompts
     carry it with at most 32 distinct values (``component``: the bands of a ``sara/Mixture-v0`` pool; ``level``:
-    MATH levels; ``<length>``: the prompt's length in characters, by value or in quantile bins, for a pool without
-    metadata; None = off). Shows which part of a curriculum moves, and which band an allocator starves."""
+    MATH levels), or per prompt length in characters (``<length>``: by value, or in six quantile bins named
+    ``<shortest>-<longest>``); several joined by ``|``, the first that labels the held-out prompts winning. The
+    default labels a mixture by its components and any other pool by length; None = off. Shows which part of a
+    curriculum moves, and which band an allocator starves."""
 
 
 TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 1500, "target_loss": 0.81}}

@@ -46,23 +46,24 @@ def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None) -> dic
     return out
 
 
-def _by_label(prompts: list[Any], per_prompt: np.ndarray, key: str | None, max_labels: int = 32) -> dict[str, float]:
+def _by_label(prompts: list[Any], per_prompt: np.ndarray, by: str | None, max_labels: int = 32) -> dict[str, float]:
     """``eval/acc_sample/<label>``: mean accuracy of the held-out prompts per value of ``metadata[key]`` (prompts
-    without the key are left out; nothing when no prompt has it or it has more than ``max_labels`` values). ``key``
-    ``<length>`` labels each prompt by its length in characters, by value when it takes at most ``max_labels``
-    values, else in ``NUMERIC_BINS`` quantile bins named ``<shortest>-<longest>``: the bands ``group_by=auto`` can
-    split a pool without metadata into."""
-    if key is None:
-        return {}
-    if key == LENGTH:
-        lab = _length_labels(prompts, max_labels)
-    else:
-        labels = [p.metadata.get(key) for p in prompts]
-        lab = np.array(["" if v is None else str(v) for v in labels])
-    names = sorted(set(lab.tolist()) - {""}, key=_natural)
-    if not names or len(names) > max_labels:
-        return {}
-    return {f"eval/acc_sample/{n}": float(per_prompt[lab == n].mean()) for n in names}
+    without the key are left out; nothing when no prompt has it or it has more than ``max_labels`` values). The key
+    ``<length>`` labels each prompt by its length in characters, by value when it takes at most ``max_labels`` values,
+    else in ``NUMERIC_BINS`` quantile bins named ``<shortest>-<longest>``: the bands ``group_by=auto`` can split a
+    pool without metadata into. ``by`` may list keys joined by ``|``; the first that labels the prompts is used."""
+    for key in (by or "").split("|"):
+        key = key.strip()
+        if not key:
+            continue
+        if key == LENGTH:
+            lab = _length_labels(prompts, max_labels)
+        else:
+            lab = np.array(["" if p.metadata.get(key) is None else str(p.metadata.get(key)) for p in prompts])
+        names = sorted(set(lab.tolist()) - {""}, key=_natural)
+        if names and len(names) <= max_labels:
+            return {f"eval/acc_sample/{n}": float(per_prompt[lab == n].mean()) for n in names}
+    return {}
 
 
 def _length_labels(prompts: list[Any], max_labels: int) -> np.ndarray:
