@@ -88,7 +88,11 @@ class UnitTable:
         np.add.at(self.rsq, unit_ids, rewards * rewards)
         np.minimum.at(self.rmin, unit_ids, rewards)
         np.maximum.at(self.rmax, unit_ids, rewards)
-        return np.unique(unit_ids)
+        if len(unit_ids) * 8 < len(self.n):
+            return np.unique(unit_ids)
+        seen = np.zeros(len(self.n), bool)  # many ids: a mask is linear where a sort is not (same sorted result)
+        seen[unit_ids] = True
+        return np.flatnonzero(seen)
 
     def std(self, idx: np.ndarray) -> np.ndarray:
         """Population std of each unit's rewards so far."""

@@ -18,7 +18,7 @@ import numpy as np
 from sara.priors.base import Prior
 from sara.units import UnitTable
 
-__all__ = ["GRID_POINTS", "GridPrior", "beta_on_grid", "em_weights", "grid_loglik", "grid_posterior", "p_mixed_given"]
+__all__ = ["GRID_POINTS", "GridPrior", "beta_on_grid", "count_pairs", "em_weights", "grid_loglik", "grid_posterior", "p_mixed_given"]
 
 GRID_POINTS = 65
 
@@ -44,6 +44,20 @@ def grid_loglik(grid: np.ndarray, s: np.ndarray, f: np.ndarray) -> np.ndarray:
     return out
 
 
+def count_pairs(ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of an integer ``ns [units, 2]`` in lexicographic order and their counts: what
+    ``np.unique(ns, axis=0, return_counts=True)`` returns, by one ``bincount`` over ``n * width + s`` when the rows are
+    small non-negative (n, s) counts (a sort of row views otherwise)."""
+    ns = np.asarray(ns)
+    if ns.dtype.kind in "iu" and len(ns) and ns.min() >= 0:
+        width = int(ns[:, 1].max()) + 1
+        if (int(ns[:, 0].max()) + 1) * width <= 1 << 20:
+            counts = np.bincount(ns[:, 0] * width + ns[:, 1])
+            keys = np.flatnonzero(counts)
+            return np.stack([keys // width, keys % width], 1).astype(ns.dtype, copy=False), counts[keys]
+    return np.unique(ns, axis=0, return_counts=True)
+
+
 def em_weights(grid: np.ndarray, ns: np.ndarray, start: np.ndarray, prior: np.ndarray,
                counts: np.ndarray | None = None) -> np.ndarray:
     """MAP mixture weights on ``grid`` of the (n, s) rows ``ns [units, 2]`` by EM, from ``start``, with Dirichlet
@@ -52,7 +66,7 @@ def em_weights(grid: np.ndarray, ns: np.ndarray, start: np.ndarray, prior: np.nd
     if not len(ns):
         return prior / prior.sum()
     if counts is None:
-        pairs, counts = np.unique(ns, axis=0, return_counts=True)
+        pairs, counts = count_pairs(ns)
     else:
         pairs, counts = np.asarray(ns), np.asarray(counts, np.float64)
     lik = np.exp(grid_loglik(grid, pairs[:, 1], pairs[:, 0] - pairs[:, 1]))  # [pairs, G]
