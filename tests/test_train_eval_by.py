@@ -69,3 +69,19 @@ def test_the_default_labels_a_pool_without_components_by_length(tmp_path):
     lengths = [prompt_length(p) for p in prompts]
     assert set(per) == set(lengths) and len(per) >= 2  # few distinct lengths: one label per length
     assert sum(per[n] * lengths.count(n) / len(lengths) for n in per) == pytest.approx(out["eval/acc_sample"])
+
+
+def test_the_run_summary_reports_each_band_before_and_after(tmp_path):
+    """``RunSummary.acc_by_band`` holds every label's first and last held-out accuracy; ``sara train`` prints them."""
+    from sara.commands.train import format_summary
+
+    cfg = TrainConfig(task=MIX, k=4, groups_per_step=2, steps=1, threads=1, progress=False, tensorboard=False,
+                      out_dir=str(tmp_path), eval={"num_prompts": 12, "samples": 2, "greedy": False},
+                      policy_options={"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}})
+    with Trainer(cfg) as trainer:
+        summary = trainer.train()
+        first, last = trainer.evals[0], trainer.evals[-1]
+    assert set(summary.acc_by_band) == {"a", "b"}
+    assert all(summary.acc_by_band[n] == (first[f"eval/acc_sample/{n}"], last[f"eval/acc_sample/{n}"]) for n in "ab")
+    row = next(ln for ln in format_summary(summary, k=4).splitlines() if "per band" in ln)
+    assert "a: " in row and "b: " in row and " -> " in row

@@ -98,6 +98,11 @@ def format_summary(s: Any, *, k: int) -> str:
     rows = [
         ("held-out accuracy (sampled, T=train)", f"{_pct(s.acc_before)} -> {_pct(s.acc_after)}"),
         ("held-out accuracy (greedy)", f"{_pct(s.greedy_before)} -> {_pct(s.greedy_after)}"),
+    ]
+    if s.acc_by_band:
+        rows.append(("held-out accuracy per band (eval.by)",
+                     ", ".join(f"{label}: {_pct(b)} -> {_pct(a)}" for label, (b, a) in s.acc_by_band.items())))
+    rows += [
         ("training steps", f"{s.steps}"),
         ("rollouts spent", f"{s.rollouts:,}"),
         ("tokens generated", f"{s.tokens:,}"),

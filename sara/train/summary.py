@@ -69,10 +69,17 @@ class RunSummary:
     """Every file the run left in ``out_dir``, relative to it (``run_files``); filled by ``Trainer.train``."""
     peak_rss_mb: float = float("nan")
     """The process's peak resident memory in MiB when the summary was made (the run's, in a ``sara train`` process)."""
+    acc_by_band: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Held-out accuracy per ``eval.by`` label (a mixture's components, or prompt-length bands), before and after:
+    ``{label: (before, after)}``; empty when the evaluation reports no labels."""
 
     @property
     def effective_fraction(self) -> float:
         return self.effective_groups / self.committed_groups if self.committed_groups else 0.0
+
+
+BAND = "eval/acc_sample/"
+"""Prefix of the per-label held-out accuracies (``sara.train.evaluate``)."""
 
 
 def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
@@ -98,7 +105,9 @@ def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) 
         wall_seconds=trainer.wall_seconds, out_dir=str(trainer.out_dir), abandoned_tokens=int(t["abandoned_tokens"]),
         ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
         verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
-        checkpoint=None if trainer.last_checkpoint is None else str(trainer.last_checkpoint), peak_rss_mb=peak_rss_mb())
+        checkpoint=None if trainer.last_checkpoint is None else str(trainer.last_checkpoint), peak_rss_mb=peak_rss_mb(),
+        acc_by_band={key.removeprefix(BAND): (float(first[key]), float(last[key])) for key in first
+                     if key.startswith(BAND) and key in last})
 
 
 def run_files(out_dir: str | Path, *, max_listed: int = 4) -> list[str]:
