@@ -198,6 +198,26 @@ def test_the_report_says_where_the_training_seconds_go_pooled_over_seeds():
     assert "| ds | 0.450 | 0.750 | 0.0150 | 33.3 | 3.00 | 0.50 | 0.200 |" in text
 
 
+def test_the_report_tabulates_final_accuracy_per_band():
+    from sara.experiments.matrix_report import analyze, format_report
+
+    runs = _synthetic_runs()
+    assert "per band" not in format_report(analyze(runs, budget=300))  # runs without bands
+    finals = [(0.9, 0.1), (0.8, 0.3), (0.95, 0.05), (0.85, 0.15)]  # (easy, hard) after training, per run
+    for (_, r), (easy, hard) in zip(runs, finals):
+        r["acc_by_band"] = {"easy": (0.7, easy), "hard": (0.0, hard)}
+    report = analyze(runs, budget=300)
+    ds, sara = (c["aggregate"]["final_acc_by_band"] for c in report["cells"])
+    assert ds["easy"]["mean"] == pytest.approx(0.85) and ds["hard"]["half"] == pytest.approx(t_interval([0.1, 0.3])[1])
+    assert sara["hard"]["mean"] == pytest.approx(0.1)
+    assert report["algos"]["grpo"]["start_acc_by_band"]["easy"]["mean"] == pytest.approx(0.7)
+    text = format_report(report)
+    assert "| cell | easy | hard |" in text and "| start | 0.700 ± 0.000 | 0.000 ± 0.000 |" in text
+    assert f"| sara@predictive | 0.900 ± {t_interval([0.95, 0.85])[1]:.3f} |" in text
+    runs[0][1]["acc_by_band"] = {"easy": (0.7, 0.9)}  # a run with other bands: no table
+    assert "per band" not in format_report(analyze(runs, budget=300))
+
+
 def test_one_seed_prints_values_without_intervals_and_a_fixed_target():
     from sara.experiments.matrix_report import analyze, format_report
 

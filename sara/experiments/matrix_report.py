@@ -27,7 +27,7 @@ from sara.experiments.curves import (
 __all__ = ["analyze", "format_report", "write_outputs", "plot_report"]
 
 _RAW = ("seed", "name", "algo", "allocator", "steps", "acc_before", "acc_after", "rollouts", "tokens",
-        "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve", "phases")
+        "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve", "phases", "acc_by_band")
 
 
 def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, reference: str = "ds",
@@ -88,6 +88,7 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
         mean, half = t_interval(per_group)
         agg["wall_s_per_effective_group"] = {"mean": mean, "half": half}
         agg["phases"] = _phases(rs)
+        agg["final_acc_by_band"] = _by_band(rs, 1)
         cells.append({"algo": algo, "cell": cell.spec, "allocator": cell.allocator, "sampler": cell.sampler,
                       "name": cell.name, "is_reference": cell.spec == reference,
                       "runs": [{**{k: r[k] for k in _RAW if k in r}, "measures": m} for r, m in zip(rs, measured)],
@@ -101,6 +102,8 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
             num = c["aggregate"][f"{key}_to_target"]["mean"]
             den = ref_cell["aggregate"][f"{key}_to_target"]["mean"] if ref_cell else math.nan
             c["aggregate"][f"{key}_ratio"] = num / den if den and math.isfinite(den) else math.nan
+    for algo, info in algos.items():
+        info["start_acc_by_band"] = _by_band([r for (a, _), (_, rs) in grouped.items() if a == algo for r in rs], 0)
     seeds = sorted({int(r["seed"]) for _, r in runs})
     return {"budget": budget, "seeds": seeds, "reference": reference, "target_acc": target_acc,
             "eval": {"prompts": eval_prompts, "samples": eval_samples}, "fractions": list(BUDGET_FRACTIONS),
@@ -122,6 +125,19 @@ def _phases(rs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
             "rollouts_per_round": div(rollouts, tot["rounds"]), "rounds_per_step": div(tot["rounds"], tot["steps"]),
             "banked_per_step": div(tot["banked_groups"], tot["steps"]),
             "group_reward_var": div(tot["reward_var_x_groups"], tot["trained_groups"])}
+
+
+def _by_band(rs: Sequence[Mapping[str, Any]], at: int) -> dict[str, dict[str, float]] | None:
+    """Held-out accuracy per ``eval.by`` band over runs ``rs`` (``at``: 0 before training, 1 after), mean and 95%
+    t-interval half-width; None unless every run reports the same bands."""
+    bands = [r.get("acc_by_band") or {} for r in rs]
+    if not bands or not bands[0] or any(b.keys() != bands[0].keys() for b in bands):
+        return None
+    out = {}
+    for label in bands[0]:
+        mean, half = t_interval([float(b[label][at]) for b in bands])
+        out[label] = {"mean": mean, "half": half}
+    return out
 
 
 def _ci(v: Mapping[str, float], fmt: str, prefix: str = "") -> str:
@@ -187,6 +203,14 @@ def format_report(report: Mapping[str, Any]) -> str:
                       f"| {ph['learn_s_per_effective_group']:.3f} | {ph['collect_s_per_rollout']:.4f} "
                       f"| {ph['rollouts_per_round']:.1f} | {ph['rounds_per_step']:.2f} "
                       f"| {ph['banked_per_step']:.2f} | {ph['group_reward_var']:.3f} |" for cell, ph in rows]
+        start = info.get("start_acc_by_band")
+        bands = [(c["cell"], c["aggregate"].get("final_acc_by_band")) for c in report["cells"] if c["algo"] == algo]
+        if start and all(b is not None and b.keys() == start.keys() for _, b in bands):
+            lines += ["", "Final held-out accuracy per band (`eval.by`: a mixture's components, else prompt-length "
+                      "bands); start: before training, all runs:", "",
+                      "| cell | " + " | ".join(start) + " |", "|---" * (len(start) + 1) + "|",
+                      "| start | " + " | ".join(_ci(v, ".3f") for v in start.values()) + " |"]
+            lines += [f"| {cell} | " + " | ".join(_ci(b[k], ".3f") for k in start) + " |" for cell, b in bands]
     lines += ["", "How the columns are computed:",
               "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
               "cumulative rollouts curve at X% of the budget, linear between evaluations; final acc: the last "
