@@ -49,7 +49,8 @@ def config(steps: int = 20, out_dir: str = "runs/reverse", allocator: str = "sar
     return TrainConfig(
         name="reverse", task="examples/Reverse-v0", algo="grpo", allocator=allocator, seed=seed, steps=steps,
         rollout_budget=rollout_budget, groups_per_step=16,
-        k=8, optim={"lr": 1e-3}, eval={"every": eval_every, "num_prompts": 200, "samples": 4, **({"by": eval_by} if eval_by else {})}, out_dir=out_dir,
+        k=8, optim={"lr": 1e-3}, out_dir=out_dir,
+        eval={"every": eval_every, "num_prompts": 200, "samples": 4, **({"by": eval_by} if eval_by else {})},
         policy_options={"d_model": 64, "n_layers": 2, "n_heads": 2,
                         "warm_start": {"steps": 400, "target_loss": 0.6, "batch_size": 64}},
         threads=1, progress=False)

@@ -18,7 +18,8 @@ import numpy as np
 from sara.priors.base import Prior
 from sara.units import UnitTable
 
-__all__ = ["GRID_POINTS", "GridPrior", "beta_on_grid", "count_pairs", "em_weights", "grid_loglik", "grid_posterior", "p_mixed_given"]
+__all__ = ["GRID_POINTS", "GridPrior", "beta_on_grid", "count_pairs", "em_weights", "grid_loglik", "grid_posterior",
+           "p_mixed_given"]
 
 GRID_POINTS = 65
 
