@@ -59,7 +59,8 @@ def _by_label(prompts: list[Any], per_prompt: np.ndarray, by: str | None, max_la
         if key == LENGTH:
             lab = _length_labels(prompts, max_labels)
         else:
-            lab = np.array(["" if p.metadata.get(key) is None else str(p.metadata.get(key)) for p in prompts])
+            values = [p.metadata.get(key) for p in prompts]
+            lab = np.array(["" if v is None else str(v) for v in values])
         names = sorted(set(lab.tolist()) - {""}, key=_natural)
         if names and len(names) <= max_labels:
             return {f"eval/acc_sample/{n}": float(per_prompt[lab == n].mean()) for n in names}
