@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "OutcomeCounts", "read_jsonl", "deterministic_view", "plot_learning_curves", "plot_matrix"]
+__all__ = ["MetricsLogger", "OutcomeCounts", "accuracy_keys", "read_jsonl", "deterministic_view", "plot_learning_curves",
+           "plot_matrix"]
 
 
 class MetricsLogger:
@@ -136,15 +137,29 @@ def _pyplot() -> Any:
     return plt
 
 
+BAND_PREFIX = "eval/acc_sample/"
+"""Held-out accuracy per ``eval.by`` band (``sara.train.evaluate``)."""
+MAX_PLOTTED_BANDS = 8
+"""More bands than this are left out of the learning curve (they stay in ``metrics.jsonl``)."""
+
+
+def accuracy_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The held-out accuracy curves of a learning-curve plot: sampled, greedy, and each ``eval.by`` band in the order
+    the records first report them (none when there are more than ``MAX_PLOTTED_BANDS``)."""
+    bands = list(dict.fromkeys(k for r in records for k in r if k.startswith(BAND_PREFIX)))
+    return ["eval/acc_sample", "eval/acc_greedy", *(bands if len(bands) <= MAX_PLOTTED_BANDS else [])]
+
+
 def plot_learning_curves(records: Sequence[Mapping[str, Any]], path: str | Path, *, title: str = "") -> Path:
-    """A 2x2 PNG: held-out accuracy, training reward, effective-group fraction, rollouts per step.
+    """A 2x2 PNG: held-out accuracy (also per ``eval.by`` band, dashed), training reward, effective-group fraction,
+    rollouts per step.
 
     The x axis is cumulative rollouts (``env/cum_rollouts``), the currency allocation saves.
     """
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     panels = [
-        ("held-out accuracy", ["eval/acc_sample", "eval/acc_greedy"]),
+        ("held-out accuracy", accuracy_keys(records)),
         ("training reward (committed groups)", ["env/reward_mean"]),
         ("effective-group fraction", ["alloc/effective_fraction"]),
         ("rollouts per step", ["alloc/rollouts"]),
@@ -155,11 +170,14 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]], path: str | Path,
                    if key in r and r[key] is not None and "env/cum_rollouts" in r]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, ms=3, label=key)
+                band = key.startswith(BAND_PREFIX)
+                ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, ms=2 if band else 3,
+                        lw=0.8 if band else 1.5, ls="--" if band else "-", label=f"band {key.removeprefix(BAND_PREFIX)}" if band else key)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("cumulative rollouts")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a panel with no data (a metric the run does not log) has no legend
+            ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     return save_figure(fig, path)

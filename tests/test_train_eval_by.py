@@ -85,3 +85,18 @@ def test_the_run_summary_reports_each_band_before_and_after(tmp_path):
     assert all(summary.acc_by_band[n] == (first[f"eval/acc_sample/{n}"], last[f"eval/acc_sample/{n}"]) for n in "ab")
     row = next(ln for ln in format_summary(summary, k=4).splitlines() if "per band" in ln)
     assert "a: " in row and "b: " in row and " -> " in row
+
+
+def test_the_learning_curve_draws_each_band(tmp_path):
+    """The held-out accuracy panel carries one curve per ``eval.by`` band, unless there are too many to read."""
+    from sara.metrics import MAX_PLOTTED_BANDS, accuracy_keys, plot_learning_curves
+
+    records = [{"env/cum_rollouts": 0.0, "eval/acc_sample": 0.2, "eval/acc_sample/b": 0.1, "eval/acc_sample/a": 0.3},
+               {"env/cum_rollouts": 64.0, "eval/acc_sample": 0.3, "eval/acc_sample/b": 0.2, "eval/acc_sample/a": 0.4,
+                "eval/acc_sample/c": 0.5}]
+    assert accuracy_keys(records) == ["eval/acc_sample", "eval/acc_greedy", "eval/acc_sample/b", "eval/acc_sample/a",
+                                      "eval/acc_sample/c"]
+    many = [{f"eval/acc_sample/{i}": 0.5 for i in range(MAX_PLOTTED_BANDS + 1)}]
+    assert accuracy_keys(many) == ["eval/acc_sample", "eval/acc_greedy"]
+    pytest.importorskip("matplotlib")
+    assert plot_learning_curves(records, tmp_path / "curve.png").stat().st_size > 0
