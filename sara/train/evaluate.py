@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from sara.metrics import BAND_PREFIX
 from sara.priors.features import LENGTH, NUMERIC_BINS, prompt_length, quantile_bins
 
 __all__ = ["held_out_accuracy"]
@@ -63,7 +64,7 @@ def _by_label(prompts: list[Any], per_prompt: np.ndarray, by: str | None, max_la
             lab = np.array(["" if v is None else str(v) for v in values])
         names = sorted(set(lab.tolist()) - {""}, key=_natural)
         if names and len(names) <= max_labels:
-            return {f"eval/acc_sample/{n}": float(per_prompt[lab == n].mean()) for n in names}
+            return {f"{BAND_PREFIX}{n}": float(per_prompt[lab == n].mean()) for n in names}
     return {}
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sara.metrics import BAND_PREFIX
+
 __all__ = ["RunSummary", "peak_rss_mb", "summarize", "run_files"]
 
 
@@ -78,10 +80,6 @@ class RunSummary:
         return self.effective_groups / self.committed_groups if self.committed_groups else 0.0
 
 
-BAND = "eval/acc_sample/"
-"""Prefix of the per-label held-out accuracies (``sara.train.evaluate``)."""
-
-
 def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
     """The ``RunSummary`` of ``trainer`` (a ``sara.train.Trainer``) so far.
 
@@ -106,8 +104,8 @@ def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) 
         ds_tokens_estimate=ds * t["tokens"] / t["rollouts"] if t["rollouts"] else float("nan"),
         verifier_errors=int(t["verifier_errors"]), verifier_timeouts=int(t["verifier_timeouts"]),
         checkpoint=None if trainer.last_checkpoint is None else str(trainer.last_checkpoint), peak_rss_mb=peak_rss_mb(),
-        acc_by_band={key.removeprefix(BAND): (float(first[key]), float(last[key])) for key in first
-                     if key.startswith(BAND) and key in last})
+        acc_by_band={key.removeprefix(BAND_PREFIX): (float(first[key]), float(last[key])) for key in first
+                     if key.startswith(BAND_PREFIX) and key in last})
 
 
 def run_files(out_dir: str | Path, *, max_listed: int = 4) -> list[str]:
