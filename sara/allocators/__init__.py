@@ -17,7 +17,7 @@ that names the right spec). ``"module:attr"`` names a user class without registe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -91,8 +91,9 @@ class GroupsPrompts(Protocol):
     """An allocator that splits its population prior by a prompt feature (``sara:group_by=KEY``)."""
 
     group_by_given: bool
+    needs_embeddings: bool
 
-    def group_prompts(self, prompts: Sequence[Prompt]) -> bool: ...
+    def group_prompts(self, prompts: Sequence[Prompt], embed: Callable[[], np.ndarray] | None = None) -> bool: ...
 
 
 @runtime_checkable
@@ -147,8 +148,8 @@ def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defau
     return cls(merged)
 
 
-def compose(allocator: BudgetAllocator, sampler: Any,
-            prompts: Sequence[Prompt] | None = None) -> tuple[BudgetAllocator, Any]:
+def compose(allocator: BudgetAllocator, sampler: Any, prompts: Sequence[Prompt] | None = None,
+            embed: Callable[[], np.ndarray] | None = None) -> tuple[BudgetAllocator, Any]:
     """Wire an allocator to the sampler it runs with: the one place where the two are composed.
 
     A sampler that keeps per-prompt posteriors (``HistorySource``: the predictive sampler) lends them to an allocator
@@ -157,7 +158,9 @@ def compose(allocator: BudgetAllocator, sampler: Any,
     sampler's history; ``sara:prior=constant`` with the same sampler keeps its own prior.
 
     With the pool's ``prompts`` (indexed by pool index), an allocator that splits its population prior by a prompt
-    feature (``GroupsPrompts``: ``sara:group_by=KEY``) gets them.
+    feature (``GroupsPrompts``: ``sara:group_by=KEY``) gets them, and with ``embed() -> [pool, D]`` (the backend's
+    representation of the pool's prompts, ``sara.envs.task_env.pool_embedder``) it may split by that
+    (``group_by=<embedding>``; called only then).
 
     Last, a sampler that scores prompts under a population (``TakesPopulation``: the predictive sampler) gets the
     allocator's grid population prior (``LendsPopulation``: ``sara``), split by prompt group when the allocator
@@ -170,7 +173,7 @@ def compose(allocator: BudgetAllocator, sampler: Any,
         allocator.borrow_history(sampler.posterior)
     if isinstance(allocator, GroupsPrompts):
         if prompts is not None:
-            allocator.group_prompts(prompts)
+            allocator.group_prompts(prompts, embed)
         elif allocator.group_by_given:
             raise ConfigError(f"{allocator.name}: field 'group_by' needs the pool's prompts: call compose(allocator, "
                               "sampler, prompts=env.prompts)")

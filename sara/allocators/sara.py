@@ -15,7 +15,7 @@ population prior by ``group_by``.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -25,6 +25,7 @@ from sara.allocators.optimal import RuleCache, drain_decisions, optimal_decision
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.config import ConfigError
 from sara.priors.base import GroupedPopulation, Prior, population_of
+from sara.priors.features import EMBEDDING
 from sara.priors.grid import GridPrior
 from sara.priors.history import DEFAULT_DECAY, BorrowedHistory, Decay, HistoryPrior
 from sara.seeding import derive_seeds, uniform_from_seeds
@@ -79,7 +80,10 @@ class SARAConfig(PriorOptions):
     optimum across them; ``sara.priors.grouped``): a ``Prompt.metadata`` key whose values are the groups, e.g.
     ``component`` (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH); ``auto``, the feature
     learned online (every metadata key and the prompt length, chosen by prequential likelihood;
-    ``sara.priors.features``); or several joined by ``|``, tried in order, the first the pool carries winning
+    ``sara.priors.features``); ``<embedding>``, six bands of a success rate predicted from the policy's own
+    representation of each prompt (its mean final hidden state, computed once for the pool at the start by a backend
+    that embeds prompts, the tiny and HF ones; the regression refitted on every step's outcomes;
+    ``sara.priors.representation``); or several joined by ``|``, tried in order, the first the pool carries winning
     (``auto`` always applies, so it can only come last: ``component|auto``). The default, ``component``, groups a
     mixture by its components and leaves any other pool one population. Keys you give must exist: a list none of
     whose keys the pool carries is an error. Needs the pool's prompts, which ``sara.allocators.compose(...,
@@ -182,13 +186,20 @@ class SARAAllocator(SARABase):
         """Whether the spec set ``group_by`` to a key (then the pool's prompts are required, see ``compose``)."""
         return "group_by" in self.config.model_fields_set and self.config.group_by is not None
 
-    def group_prompts(self, prompts: Sequence[Prompt]) -> bool:
+    @property
+    def needs_embeddings(self) -> bool:
+        """Whether ``group_by`` lists ``<embedding>`` (then ``group_prompts`` takes the backend's ``embed``)."""
+        return EMBEDDING in self.config.group_keys
+
+    def group_prompts(self, prompts: Sequence[Prompt], embed: Callable[[], np.ndarray] | None = None) -> bool:
         """Split the population prior by the first ``group_by`` candidate the pool ``prompts`` (indexed by pool index)
         carries. Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset or nothing
-        applies (the default on a pool without its key: one population).
+        applies (the default on a pool without its key: one population). ``embed() -> [pool, D]``, the prompts'
+        representations (``sara.envs.base.EmbedsPrompts``), is called only when ``<embedding>`` is the key chosen.
 
         Raises:
-            ConfigError: naming ``group_by`` when a list you gave has no key the pool carries.
+            ConfigError: naming ``group_by`` when a list you gave has no key the pool carries, or names
+                ``<embedding>`` and the run's backend cannot embed prompts.
         """
         from sara.priors.grouped import GroupedGridPrior, group_labels
 
@@ -196,9 +207,15 @@ class SARAAllocator(SARABase):
 
         def carried(k: str) -> bool:
             # A key you gave is looked for in every prompt; the default's in a sample (simulated pools are lazy).
+            if k == EMBEDDING:
+                return embed is not None
             return k == AUTO or (any(k in p.metadata for p in prompts) if given else _has_key(prompts, k))
 
         key = next((k for k in keys if carried(k)), None)
+        if key is None and EMBEDDING in keys:
+            raise ConfigError(f"sara: field 'group_by': {EMBEDDING} needs the policy's representation of each prompt, "
+                              "from a backend that embeds prompts (tiny, hf: sara.envs.base.EmbedsPrompts), and this "
+                              "run has none; use another backend or group by a metadata key / auto")
         if key is None:
             if given and len(keys) > 1:
                 present = sorted({k for p in prompts for k in p.metadata})
@@ -211,7 +228,12 @@ class SARAAllocator(SARABase):
         if not isinstance(holder, GridPrior):
             raise TypeError(f"sara: group_by needs a grid prior to split, got {type(holder).__name__}")
         grouped: GridPrior
-        if key == AUTO:
+        if key == EMBEDDING:
+            from sara.priors.representation import RepresentationPrior
+
+            assert embed is not None  # carried() said so
+            grouped = RepresentationPrior.like(holder, embed())
+        elif key == AUTO:
             from sara.priors.features import FeatureGroupedPrior, feature_splits
 
             splits = feature_splits(prompts)

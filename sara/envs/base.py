@@ -16,9 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["Closeable", "Completion", "EnvWrapper", "GenerationBackend", "GenerationRequest", "RolloutEnv",
+__all__ = ["Closeable", "Completion", "EmbedsPrompts", "EnvWrapper", "GenerationBackend", "GenerationRequest", "RolloutEnv",
            "SamplingConfig", "SeedAware", "StreamingBackend", "StreamingEnv", "UpdatesWeights", "Versioned"]
 
 
@@ -184,6 +186,17 @@ class GenerationBackend(Protocol):
 
     def close(self) -> None:
         """Release engines, processes and memory."""
+        ...
+
+
+@runtime_checkable
+class EmbedsPrompts(Protocol):
+    """A backend that returns its policy's representation of prompts without sampling (the tiny and HF backends):
+    the mean final hidden state over each prompt's tokens after the prompts' common prefix
+    (``sara.backends.embed``). ``sara:group_by=<embedding>`` splits the pool by clusters of it."""
+
+    def embed_prompts(self, prompts: Sequence[str | Sequence[Mapping[str, str]]]) -> np.ndarray:
+        """``[prompts, D]`` float32, one row per rendered prompt (chat messages go through the chat template)."""
         ...
 
 

@@ -19,13 +19,21 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from sara.envs.base import Completion, GenerationBackend, GenerationRequest, SamplingConfig, StreamingBackend
+from sara.envs.base import (
+    Completion,
+    EmbedsPrompts,
+    EnvWrapper,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingConfig,
+    StreamingBackend,
+)
 from sara.envs.tasks import Task, make_task
 from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchScorer
 from sara.envs.tasks.scoring import scorer_mode as _scorer_mode
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["ChatRenderer", "ReportsVerifierFailures", "TaskEnv"]
+__all__ = ["ChatRenderer", "ReportsVerifierFailures", "TaskEnv", "pool_embedder"]
 
 
 @runtime_checkable
@@ -234,3 +242,20 @@ class TaskEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def pool_embedder(env: Any) -> Callable[[], np.ndarray] | None:
+    """``embed() -> [pool, D]``: the backend's representation of every prompt of ``env``'s pool, rendered as it is for
+    generation (``sara.envs.base.EmbedsPrompts``; what ``sara:group_by=<embedding>`` clusters). None when ``env``
+    (through any ``EnvWrapper``) is not a ``TaskEnv`` over a backend that embeds prompts."""
+    while isinstance(env, EnvWrapper):
+        env = env.env
+    if not isinstance(env, TaskEnv) or not isinstance(env.backend, EmbedsPrompts):
+        return None
+    task_env, backend = env, env.backend
+
+    def embed() -> np.ndarray:
+        return backend.embed_prompts([task_env.render(RolloutRequest(unit_id=0, pool_index=i, prompt=p, seeds=()))
+                                      for i, p in enumerate(task_env.prompts)])
+
+    return embed

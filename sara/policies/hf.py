@@ -168,22 +168,10 @@ class HFPolicy(ScoreViews):
         return PolicyOutput(lp, ent, values)
 
     def _hidden(self, ids: torch.Tensor, attn: torch.Tensor, p: int) -> torch.Tensor:
-        """Final hidden states ``[B, T - p, D]`` of positions ``p..T-1``, the first ``p`` tokens (the same in every
-        row) forwarded once."""
-        decoder = self.model.get_decoder()
-        if p == 0:
-            return decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-        from transformers import DynamicCache
+        """Final hidden states ``[B, T - p, D]`` of positions ``p..T-1`` (``sara.policies.prefix.final_hidden``)."""
+        from sara.policies.prefix import final_hidden
 
-        from sara.policies.prefix import broadcast_cache
-
-        b, t = ids.shape
-        pre = decoder(input_ids=ids[:1, :p], past_key_values=DynamicCache(config=self.model.config),
-                      use_cache=True).past_key_values
-        cache = broadcast_cache([(layer.keys, layer.values) for layer in pre.layers], b, self.model.config)
-        positions = torch.arange(p, t, device=ids.device).expand(b, -1)
-        return decoder(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions, past_key_values=cache,
-                       use_cache=True).last_hidden_state
+        return final_hidden(self.model, ids, attn, p)
 
     def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """What the causal LM does to its head's output (a final soft cap, e.g. Gemma 2), then the temperature."""

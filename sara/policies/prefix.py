@@ -1,6 +1,7 @@
 """Shared-prefix helpers used by the training forward (``HFPolicy.score_at``) and the HF backend's shared-prefix
-prefill (``sara.backends.hf_shared``): the length of the leading tokens a set of sequences shares, and a KV cache of
-one prefix row broadcast to many rows.
+prefill (``sara.backends.hf_shared``): the length of the leading tokens a set of sequences shares, a KV cache of one
+prefix row broadcast to many rows, and a causal LM's final hidden states with the shared prefix forwarded once (the
+training forward and the HF backend's prompt embedding).
 
 A prefix of ``P`` tokens forwarded once gives keys / values ``[1, H, P, D]`` per layer; ``broadcast_cache`` turns them
 into a ``DynamicCache`` of ``B`` rows (``expand``: no copy until the cache appends the rows' own tokens, and under
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["broadcast_cache", "common_prefix_len"]
+__all__ = ["broadcast_cache", "common_prefix_len", "final_hidden"]
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -48,3 +49,22 @@ def broadcast_cache(layers: Sequence[tuple[Any, Any]], rows: int, config: Any = 
     for i, (k, v) in enumerate(layers):
         cache.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1), i)
     return cache
+
+
+def final_hidden(model: Any, ids: Any, attn: Any, p: int) -> Any:
+    """Final hidden states ``[B, T - p, D]`` of positions ``p..T-1`` of a transformers causal LM, the first ``p``
+    tokens (the same in every row of ``ids [B, T]``) forwarded once and broadcast (``attn [B, T]``: 1 on real
+    tokens)."""
+    decoder = model.get_decoder()
+    if p == 0:
+        return decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    import torch
+    from transformers import DynamicCache
+
+    b, t = ids.shape
+    pre = decoder(input_ids=ids[:1, :p], past_key_values=DynamicCache(config=model.config),
+                  use_cache=True).past_key_values
+    cache = broadcast_cache([(layer.keys, layer.values) for layer in pre.layers], b, model.config)
+    positions = torch.arange(p, t, device=ids.device).expand(b, -1)
+    return decoder(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions, past_key_values=cache,
+                   use_cache=True).last_hidden_state

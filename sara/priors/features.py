@@ -29,8 +29,8 @@ from sara.priors.grouped import GroupedGridPrior, metadata_values, value_codes
 from sara.types import Prompt
 from sara.units import UnitTable
 
-__all__ = ["FeatureGroupedPrior", "feature_splits", "prompt_length", "quantile_bins", "MAX_CATEGORIES", "NUMERIC_BINS",
-           "LENGTH"]
+__all__ = ["FeatureGroupedPrior", "feature_splits", "prompt_length", "quantile_bins",
+           "MAX_CATEGORIES", "NUMERIC_BINS", "LENGTH", "EMBEDDING"]
 
 MAX_CATEGORIES = 32
 """A key with at most this many distinct values is split by value; a numeric key with more is cut at quantiles;
@@ -39,6 +39,9 @@ NUMERIC_BINS = 6
 """Quantile bins of a numeric key and of the prompt length."""
 LENGTH = "<length>"
 """The candidate name of the prompt's length in characters."""
+EMBEDDING = "<embedding>"
+"""``group_by=<embedding>``: groups are bands of a success rate predicted from the policy's representation of each
+prompt (``sara.priors.representation``)."""
 POPULATION = "none"
 """The candidate name of one population (no split); a metadata key of that name is no candidate."""
 SCAN_LIMIT = 2_000_000

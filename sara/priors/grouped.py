@@ -19,7 +19,7 @@ sampler drew (Dinkelbach over the sum). Units are mapped to groups by pool index
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -66,9 +66,11 @@ def value_codes(values: Sequence[Hashable], names: Sequence[Hashable] | None = N
 
 def prompt_groups(prior: Prior | None) -> np.ndarray | None:
     """The group of every pool index when ``prior`` is split by groups (``GroupedGridPrior``, directly or as the base
-    of a history prior), else None: what a run's 'DS would have spent' estimate should fit per group."""
+    of a history prior) and the groups stay fixed, else None: what a run's 'DS would have spent' estimate should fit per group."""
     population = None if prior is None else population_of(prior)
-    return population.labels if isinstance(population, GroupedGridPrior) else None
+    if isinstance(population, GroupedGridPrior) and population.fixed_labels:
+        return population.labels
+    return None
 
 
 def _hashable(v: Any) -> Hashable:
@@ -88,6 +90,9 @@ class GroupedGridPrior(GridPrior):
         shrink: Pseudo-units of the pooled fit in each group's fit.
         **kwargs: ``GridPrior``'s options (``alpha0``, ``beta0``, ``fit``, ``window``, ``min_units``, ...).
     """
+
+    fixed_labels: ClassVar[bool] = True
+    """Whether ``labels`` stay as given (False: a subclass moves prompts between groups as it learns)."""
 
     def __init__(self, labels: np.ndarray, names: Sequence[Hashable] = (), *, shrink: float = 16.0,
                  **kwargs: Any) -> None:

@@ -61,6 +61,7 @@ class Trainer:
         from sara.allocators.sequential import SequentialAllocator
         from sara.backends import BACKENDS
         from sara.envs.base import SamplingConfig
+        from sara.envs.task_env import pool_embedder
         from sara.envs.tasks import make_task
         from sara.envs.tasks.scoring import BatchScorer, scorer_mode
         from sara.policies import POLICIES
@@ -107,7 +108,7 @@ class Trainer:
                                                              self.allocator)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
         sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=cfg.k)
-        self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts)
+        self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts, pool_embedder(self.env))
         self.bank = SurplusBank(cfg.groups_per_step, cfg.surplus)  # committed groups beyond the batch (bank.py)
         self.step = 0
         self.version = 0

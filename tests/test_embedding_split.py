@@ -1,0 +1,208 @@
+"""``sara:group_by=<embedding>``: the population prior split by clusters of the policy's own representation of each
+prompt (the backend's prefill, no rollout spent): the pooling, the clustering, the backends that embed, the wiring
+through ``compose`` and the trainer, and the saving when the representation carries what the outcomes depend on."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sara.allocators import compose, make_allocator
+from sara.config import ConfigError
+from sara.driver import collect
+from sara.envs.base import EmbedsPrompts
+from sara.envs.sim.binary import SimulatedEnv, make_features
+from sara.priors.features import EMBEDDING, NUMERIC_BINS
+from sara.priors.grouped import prompt_groups
+from sara.priors.representation import RepresentationPrior, principal_components
+from sara.samplers import UniformSampler
+from sara.testing import check_allocator
+from sara.train.state_checks import check_values
+from sara.types import Prompt
+
+torch = pytest.importorskip("torch")
+
+K = 8
+
+
+def test_principal_components_are_standardized_and_drop_flat_directions():
+    rng = np.random.default_rng(0)
+    x = np.c_[rng.normal(0, 5, (400, 3)), np.zeros((400, 2))]  # two directions without variance
+    z = principal_components(x, 32)
+    assert z.shape == (400, 3) and np.allclose(z.std(0), 1.0) and np.allclose(z.mean(0), 0.0, atol=1e-9)
+    assert principal_components(x, 2).shape == (400, 2)
+    assert principal_components(np.ones((10, 4)), 8).shape == (10, 0)  # all alike: nothing to read
+
+
+def _fed(prior, rates, *, steps=4, units=400, seed=0):
+    """Feed ``prior`` complete groups of K rollouts of random pool prompts with success rates ``rates``."""
+    rng = np.random.default_rng(seed)
+    for t in range(steps):
+        idx = rng.choice(len(rates), units, replace=False)
+        prior.update(idx, np.full(units, K), rng.binomial(K, rates[idx]).astype(float), t)
+    return prior
+
+
+def test_bands_follow_the_direction_that_predicts_success():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 1, (3000, 24))
+    rates = 1 / (1 + np.exp(-2.5 * x[:, 3]))  # one direction of 24 decides success; the others are noise
+    prior = _fed(RepresentationPrior(x), rates)
+    assert prior.n_groups == NUMERIC_BINS and np.array_equal(np.unique(prior.labels), np.arange(NUMERIC_BINS))
+    band_rate = [rates[prior.labels == g].mean() for g in range(NUMERIC_BINS)]
+    assert np.all(np.diff(band_rate) > 0.05)  # bands ordered from hard to easy, well apart
+    assert np.corrcoef(prior.predict(), rates)[0, 1] > 0.9
+    fits = prior.group_weights() @ prior.grid  # each band's fitted mean follows it
+    assert np.all(np.diff(fits) > 0)
+    untrained = RepresentationPrior(x)  # before min_units closed prompts: one band
+    assert not untrained.labels.any()
+
+
+def test_a_representation_that_says_nothing_leaves_one_population_in_effect():
+    rng = np.random.default_rng(2)
+    rates = rng.beta(0.5, 0.5, 3000)
+    prior = _fed(RepresentationPrior(rng.normal(0, 1, (3000, 16))), rates)
+    fits = prior.group_weights() @ prior.grid
+    assert np.ptp(fits) < 0.1  # every band's fit near the pooled one
+
+
+def test_state_round_trip():
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (500, 8))
+    prior = _fed(RepresentationPrior(x), 1 / (1 + np.exp(-3 * x[:, 0])), units=100)
+    fresh = RepresentationPrior(x)
+    check_values(prior.state_dict(), Path("ckpt"), "allocator")  # what a resumed trainer accepts: no negatives
+    fresh.load_state_dict(prior.state_dict())
+    assert np.array_equal(fresh.labels, prior.labels) and np.array_equal(fresh.coef, prior.coef) and prior.gain > 0
+    assert np.array_equal(fresh.group_weights(), prior.group_weights())
+    nxt = (np.arange(50), np.full(50, K), np.full(50, 4.0), 9)
+    prior.update(*nxt)
+    fresh.update(*nxt)
+    assert np.array_equal(fresh.labels, prior.labels) and np.array_equal(fresh.group_weights(), prior.group_weights())
+    with pytest.raises(ValueError, match="representation prior"):
+        RepresentationPrior(x[:400]).load_state_dict(prior.state_dict())
+
+
+def test_pooled_states_average_after_the_common_prefix():
+    from sara.backends.embed import pooled_states
+
+    torch.manual_seed(0)
+    table = torch.randn(20, 3)
+
+    def hidden(ids, attn, p):  # position t's state: its token's row plus t (a stand-in for a causal model)
+        t = torch.arange(ids.shape[1], dtype=torch.float32)[None, :, None]
+        return (table[ids] + t)[:, p:]
+
+    rows = [[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4, 6, 7]]
+    out = pooled_states(rows, hidden, pad_id=0, batch=2)
+    for r, got in zip(rows, out):  # the shared prefix [1, 2] is left out
+        want = torch.stack([table[tok] + t for t, tok in enumerate(r)][2:]).mean(0)
+        assert np.allclose(got, want.numpy(), atol=1e-6)
+    assert np.allclose(pooled_states(rows, hidden, pad_id=0, batch=1), out, atol=1e-6)  # batching changes nothing
+    whole = pooled_states([[1, 2], [1, 2, 3]], hidden, pad_id=0)  # a row that is all prefix keeps its last token
+    assert np.allclose(whole[0], (table[2] + 1).numpy(), atol=1e-6)
+    with pytest.raises(ValueError, match="no tokens"):
+        pooled_states([[1], []], hidden, pad_id=0)
+
+
+def test_the_tiny_backend_embeds_prompts_without_sampling():
+    from sara.backends.tiny import TinyBackend
+    from sara.policies.tiny import TinyPolicy
+
+    backend = TinyBackend(TinyPolicy({"d_model": 32, "n_layers": 1, "n_heads": 2}))
+    assert isinstance(backend, EmbedsPrompts)
+    out = backend.embed_prompts(["12+7=", "3+4=", "12+7="])
+    assert out.shape == (3, 32) and out.dtype == np.float32
+    assert np.array_equal(out[0], out[2]) and not np.allclose(out[0], out[1])
+    with pytest.raises(ValueError, match="text prompts"):
+        backend.embed_prompts([[{"role": "user", "content": "hi"}]])
+
+
+@pytest.mark.hf
+def test_the_hf_backend_embeds_with_the_prefix_forwarded_once(tiny_model_dir):
+    from sara.backends.hf import HFBackend
+    from sara.policies.prefix import final_hidden
+
+    backend = HFBackend(str(tiny_model_dir), dtype="float32")
+    assert isinstance(backend, EmbedsPrompts)
+    shots = "Q: 1+1=2\nQ: 2+2=4\nQ: "
+    out = backend.embed_prompts([shots + "3+4=", shots + "12+30=", [{"role": "user", "content": "5+5="}]])
+    assert out.shape == (3, backend.model.config.hidden_size) and np.isfinite(out).all()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 10, 11]])
+    attn = torch.ones_like(ids)
+    with torch.inference_mode():  # the shared prefix forwarded once equals the plain forward after it
+        assert torch.allclose(final_hidden(backend.model, ids, attn, 3), final_hidden(backend.model, ids, attn, 0)[:, 3:],
+                              atol=1e-5)
+
+
+def _run(spec, *, embed=None, steps=6, seed=0, size=6000):
+    env = SimulatedEnv("features:informative", size=size, seed=seed)
+    allocator, sampler = compose(make_allocator(spec, k=K), UniformSampler(size, seed=seed), env.prompts, embed)
+    rollouts = effective = 0
+    for t in range(steps):
+        res = collect(allocator, env, sampler, target_groups=128, seed=seed, step=t)
+        rollouts, effective = rollouts + res.stats.rollouts, effective + res.stats.effective_groups
+    return rollouts / effective, allocator
+
+
+def _band_representation(size=6000, seed=0, noise=0.3):
+    """A representation that carries the simulator's band (one-hot, plus noise, among noise dimensions): what a
+    policy's hidden state carries when it knows which prompts are alike."""
+    _, features = make_features("features:informative", size, seed=seed)
+    band = np.asarray(features["band"], np.int64)
+    rng = np.random.default_rng(1)
+    onehot = np.eye(band.max() + 1)[band] * 3.0 + rng.normal(0, noise, (size, band.max() + 1))
+    return np.c_[onehot, rng.normal(0, 1, (size, 12))]
+
+
+def test_a_representation_that_carries_the_band_saves_what_the_band_saves():
+    none, _ = _run("sara:group_by=none")
+    band, _ = _run("sara:group_by=band")
+    calls = []
+
+    def embed():
+        calls.append(1)
+        return _band_representation()
+
+    cost, allocator = _run(f"sara:group_by={EMBEDDING}", embed=embed)
+    assert isinstance(allocator.prior, RepresentationPrior) and len(calls) == 1
+    assert prompt_groups(allocator.prior) is None  # bands move: the run's DS estimate stays one population
+    assert cost < 0.95 * none and cost < 1.05 * band
+    noise, _ = _run(f"sara:group_by={EMBEDDING}", embed=lambda: np.random.default_rng(2).normal(0, 1, (6000, 8)))
+    assert noise <= 1.01 * none  # a representation that predicts nothing leaves one population
+
+
+def test_conformance():
+    env = SimulatedEnv("features:informative", size=6000, seed=0)
+    check_allocator(lambda: compose(make_allocator(f"sara:group_by={EMBEDDING}", k=K), UniformSampler(6000, seed=0),
+                                    env.prompts, _band_representation)[0],
+                    env_factory=lambda seed: SimulatedEnv("features:informative", size=6000, seed=seed))
+
+
+def test_embedding_needs_a_backend_that_embeds_and_is_only_computed_when_chosen():
+    prompts = [Prompt(id=f"p{i}", prompt=f"{i}+1=", metadata={"component": i % 2}) for i in range(40)]
+    with pytest.raises(ConfigError, match="group_by.*<embedding>.*backend that embeds prompts"):
+        compose(make_allocator("sara:group_by=<embedding>", k=K), UniformSampler(40, seed=0), prompts)
+    allocator, _ = compose(make_allocator("sara:group_by=component|<embedding>", k=K), UniformSampler(40, seed=0),
+                           prompts, embed=lambda: pytest.fail("computed although component applies"))
+    assert allocator.prior.names == [0, 1]
+    assert make_allocator("sara:group_by=<embedding>", k=K).needs_embeddings
+    assert not make_allocator("sara", k=K).needs_embeddings
+
+
+def test_the_trainer_splits_by_the_policys_representation(tmp_path: Path):
+    from sara.envs.task_env import pool_embedder
+    from sara.train.trainer import Trainer
+
+    trainer = Trainer({"allocator": "sara:group_by=<embedding>", "steps": 2, "rollout_budget": 1000, "k": 4,
+                       "groups_per_step": 16, "out_dir": str(tmp_path / "run"),
+                       "task": "sara/Arithmetic-v0:max_digits=3,pool_size=300,eval_size=20"}, verbose=False)
+    try:
+        prior = trainer.allocator.prior
+        embed = pool_embedder(trainer.env)
+        assert isinstance(prior, RepresentationPrior) and embed is not None
+        assert np.allclose(prior.z[:, :-1], principal_components(embed(), 32))
+        trainer.train()  # and it trains, the bands learned from the first step's outcomes
+        assert trainer.step == 2 and len(np.unique(prior.labels)) > 1
+    finally:
+        trainer.close()
