@@ -1,6 +1,7 @@
-"""``sara:group_by=<embedding>``: the population prior split by clusters of the policy's own representation of each
-prompt (the backend's prefill, no rollout spent): the pooling, the clustering, the backends that embed, the wiring
-through ``compose`` and the trainer, and the saving when the representation carries what the outcomes depend on."""
+"""``sara:group_by=<embedding>``: the population prior split into bands of a success rate predicted online from the
+policy's own representation of each prompt (the backend's prefill, no rollout spent): the pooling, the regression and
+its bands, the backends that embed, the wiring through ``compose`` and the trainer, and the saving when the
+representation carries what the outcomes depend on."""
 
 from pathlib import Path
 
@@ -186,8 +187,6 @@ def test_embedding_needs_a_backend_that_embeds_and_is_only_computed_when_chosen(
     allocator, _ = compose(make_allocator("sara:group_by=component|<embedding>", k=K), UniformSampler(40, seed=0),
                            prompts, embed=lambda: pytest.fail("computed although component applies"))
     assert allocator.prior.names == [0, 1]
-    assert make_allocator("sara:group_by=<embedding>", k=K).needs_embeddings
-    assert not make_allocator("sara", k=K).needs_embeddings
 
 
 def test_the_trainer_splits_by_the_policys_representation(tmp_path: Path):

@@ -91,7 +91,6 @@ class GroupsPrompts(Protocol):
     """An allocator that splits its population prior by a prompt feature (``sara:group_by=KEY``)."""
 
     group_by_given: bool
-    needs_embeddings: bool
 
     def group_prompts(self, prompts: Sequence[Prompt], embed: Callable[[], np.ndarray] | None = None) -> bool: ...
 

@@ -186,11 +186,6 @@ class SARAAllocator(SARABase):
         """Whether the spec set ``group_by`` to a key (then the pool's prompts are required, see ``compose``)."""
         return "group_by" in self.config.model_fields_set and self.config.group_by is not None
 
-    @property
-    def needs_embeddings(self) -> bool:
-        """Whether ``group_by`` lists ``<embedding>`` (then ``group_prompts`` takes the backend's ``embed``)."""
-        return EMBEDDING in self.config.group_keys
-
     def group_prompts(self, prompts: Sequence[Prompt], embed: Callable[[], np.ndarray] | None = None) -> bool:
         """Split the population prior by the first ``group_by`` candidate the pool ``prompts`` (indexed by pool index)
         carries. Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset or nothing

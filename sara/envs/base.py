@@ -193,7 +193,7 @@ class GenerationBackend(Protocol):
 class EmbedsPrompts(Protocol):
     """A backend that returns its policy's representation of prompts without sampling (the tiny and HF backends):
     the mean final hidden state over each prompt's tokens after the prompts' common prefix
-    (``sara.backends.embed``). ``sara:group_by=<embedding>`` splits the pool by clusters of it."""
+    (``sara.backends.embed``). ``sara:group_by=<embedding>`` learns difficulty from it."""
 
     def embed_prompts(self, prompts: Sequence[str | Sequence[Mapping[str, str]]]) -> np.ndarray:
         """``[prompts, D]`` float32, one row per rendered prompt (chat messages go through the chat template)."""

@@ -246,7 +246,7 @@ class TaskEnv:
 
 def pool_embedder(env: Any) -> Callable[[], np.ndarray] | None:
     """``embed() -> [pool, D]``: the backend's representation of every prompt of ``env``'s pool, rendered as it is for
-    generation (``sara.envs.base.EmbedsPrompts``; what ``sara:group_by=<embedding>`` clusters). None when ``env``
+    generation (``sara.envs.base.EmbedsPrompts``; what ``sara:group_by=<embedding>`` learns from). None when ``env``
     (through any ``EnvWrapper``) is not a ``TaskEnv`` over a backend that embeds prompts."""
     while isinstance(env, EnvWrapper):
         env = env.env
