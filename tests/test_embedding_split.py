@@ -119,6 +119,32 @@ def test_the_tiny_backend_embeds_prompts_without_sampling():
         backend.embed_prompts([[{"role": "user", "content": "hi"}]])
 
 
+def test_the_policy_embeds_as_its_backend_does():
+    from sara.backends.embed import PolicyEmbedder, policy_embedder
+    from sara.backends.tiny import TinyBackend
+    from sara.policies.tiny import TinyPolicy
+
+    policy = TinyPolicy({"d_model": 32, "n_layers": 1, "n_heads": 2})
+    embedder = policy_embedder(policy)
+    assert isinstance(embedder, PolicyEmbedder) and isinstance(embedder, EmbedsPrompts)
+    prompts = ["12+7=", "3+4=", "99+1="]
+    assert np.array_equal(embedder.embed_prompts(prompts), TinyBackend(policy).embed_prompts(prompts))
+    assert policy_embedder(object()) is None
+
+
+@pytest.mark.hf
+def test_the_hf_policy_embeds_as_the_hf_backend_does(tiny_model_dir):
+    from sara.backends.embed import policy_embedder
+    from sara.backends.hf import HFBackend
+    from sara.policies.hf import HFPolicy
+
+    prompts = ["Q: 1+1=2\nQ: 3+4=", "Q: 1+1=2\nQ: 12+30=", [{"role": "user", "content": "5+5="}]]
+    policy = HFPolicy(str(tiny_model_dir), dtype="float32", compute_dtype="float32")
+    got = policy_embedder(policy).embed_prompts(prompts)
+    want = HFBackend(str(tiny_model_dir), dtype="float32").embed_prompts(prompts)
+    assert np.allclose(got, want, atol=1e-5) and policy.model.training  # the policy's train mode is left as it was
+
+
 @pytest.mark.hf
 def test_the_hf_backend_embeds_with_the_prefix_forwarded_once(tiny_model_dir):
     from sara.backends.hf import HFBackend
@@ -182,7 +208,7 @@ def test_conformance():
 
 def test_embedding_needs_a_backend_that_embeds_and_is_only_computed_when_chosen():
     prompts = [Prompt(id=f"p{i}", prompt=f"{i}+1=", metadata={"component": i % 2}) for i in range(40)]
-    with pytest.raises(ConfigError, match="group_by.*<embedding>.*backend that embeds prompts"):
+    with pytest.raises(ConfigError, match="group_by.*<embedding>.*representation.*this run has none"):
         compose(make_allocator("sara:group_by=<embedding>", k=K), UniformSampler(40, seed=0), prompts)
     allocator, _ = compose(make_allocator("sara:group_by=component|<embedding>", k=K), UniformSampler(40, seed=0),
                            prompts, embed=lambda: pytest.fail("computed although component applies"))
@@ -203,5 +229,44 @@ def test_the_trainer_splits_by_the_policys_representation(tmp_path: Path):
         assert np.allclose(prior.z[:, :-1], principal_components(embed(), 32))
         trainer.train()  # and it trains, the bands learned from the first step's outcomes
         assert trainer.step == 2 and len(np.unique(prior.labels)) > 1
+    finally:
+        trainer.close()
+
+
+def _plain_tiny(policy, options=None, **_):
+    """A tiny backend that only generates (no ``embed_prompts``), as a vLLM engine or a Ray pool would."""
+    from sara.backends.tiny import TinyBackend
+
+    inner = TinyBackend(policy, options)
+
+    class Plain:
+        def generate(self, requests, sampling):
+            return inner.generate(requests, sampling)
+
+        def update_weights(self, state_dict, version):
+            inner.update_weights(state_dict, version)
+
+        def close(self):
+            inner.close()
+
+    return Plain()
+
+
+def test_a_backend_that_cannot_embed_gets_the_policys_representation(tmp_path: Path):
+    from sara.backends import BACKENDS
+    from sara.backends.embed import policy_embedder
+    from sara.envs.task_env import pool_embedder
+    from sara.train.trainer import Trainer
+
+    BACKENDS.register("plain_tiny_for_embedding_tests", _plain_tiny, override=True)
+    trainer = Trainer({"allocator": "sara:group_by=<embedding>", "backend": "plain_tiny_for_embedding_tests",
+                       "steps": 1, "rollout_budget": 200, "out_dir": str(tmp_path / "run"),
+                       "task": "sara/Arithmetic-v0:max_digits=3,pool_size=200,eval_size=20"}, verbose=False)
+    try:
+        assert not isinstance(trainer.backend, EmbedsPrompts) and pool_embedder(trainer.env) is None
+        prior = trainer.allocator.prior
+        embed = pool_embedder(trainer.env, fallback=policy_embedder(trainer.policy))
+        assert isinstance(prior, RepresentationPrior) and embed is not None
+        assert np.allclose(prior.z[:, :-1], principal_components(embed(), 32))
     finally:
         trainer.close()

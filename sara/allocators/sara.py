@@ -81,8 +81,8 @@ class SARAConfig(PriorOptions):
     ``component`` (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH); ``auto``, the feature
     learned online (every metadata key and the prompt length, chosen by prequential likelihood;
     ``sara.priors.features``); ``<embedding>``, six bands of a success rate predicted from the policy's own
-    representation of each prompt (its mean final hidden state, computed once for the pool at the start by a backend
-    that embeds prompts, the tiny and HF ones; the regression refitted on every step's outcomes;
+    representation of each prompt (its mean final hidden state, computed once for the pool at the start by the tiny
+    or HF backend, or by the trainer's policy under another backend; the regression refitted on every step's outcomes;
     ``sara.priors.representation``); or several joined by ``|``, tried in order, the first the pool carries winning
     (``auto`` always applies, so it can only come last: ``component|auto``). The default, ``component``, groups a
     mixture by its components and leaves any other pool one population. Keys you give must exist: a list none of
@@ -208,9 +208,9 @@ class SARAAllocator(SARABase):
 
         key = next((k for k in keys if carried(k)), None)
         if key is None and EMBEDDING in keys:
-            raise ConfigError(f"sara: field 'group_by': {EMBEDDING} needs the policy's representation of each prompt, "
-                              "from a backend that embeds prompts (tiny, hf: sara.envs.base.EmbedsPrompts), and this "
-                              "run has none; use another backend or group by a metadata key / auto")
+            raise ConfigError(f"sara: field 'group_by': {EMBEDDING} needs the policy's representation of each prompt "
+                              "(sara.envs.base.EmbedsPrompts: the tiny and hf backends, or the trainer's hf / tiny "
+                              "policy), and this run has none; group by a metadata key or auto instead")
         if key is None:
             if given and len(keys) > 1:
                 present = sorted({k for p in prompts for k in p.metadata})

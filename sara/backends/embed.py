@@ -3,19 +3,24 @@
 A backend that embeds prompts (``sara.envs.base.EmbedsPrompts``: the tiny and HF backends) forwards every rendered
 prompt once, without sampling, and returns the mean of its final hidden states over the tokens after the longest
 prefix all the prompts share (few-shot examples, a chat header: the part that tells them apart). That forward is the
-prefill a generation runs anyway; no rollout is spent. Nothing heavy is imported at module level.
+prefill a generation runs anyway; no rollout is spent. A run whose backend cannot embed (vLLM, a Ray pool) gets the
+same representation from the trainer's policy (``policy_embedder``): the weights the backend starts from. Imported
+on first use (it imports torch through the policies).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from sara.policies.prefix import common_prefix_len
+from sara.policies.hf import HFPolicy
+from sara.policies.prefix import common_prefix_len, final_hidden
+from sara.policies.tiny_model import PAD, TinyPolicy
 
-__all__ = ["pooled_states"]
+__all__ = ["PolicyEmbedder", "policy_embedder", "pooled_states"]
 
 
 def pooled_states(rows: Sequence[Sequence[int]], hidden: Callable[[Any, Any, int], Any], *, pad_id: int,
@@ -55,3 +60,43 @@ def pooled_states(rows: Sequence[Sequence[int]], hidden: Callable[[Any, Any, int
             m = attn[:, p:].to(h.dtype)[..., None]
             out.append(((h * m).sum(1) / m.sum(1)).cpu().numpy())
     return np.concatenate(out).astype(np.float32)
+
+
+class PolicyEmbedder:
+    """``sara.envs.base.EmbedsPrompts`` from a trainable policy (``HFPolicy`` or ``TinyPolicy``): the representation a
+    backend on the same weights returns, for runs whose backend cannot embed. Use ``policy_embedder``."""
+
+    def __init__(self, policy: HFPolicy | TinyPolicy) -> None:
+        self.policy = policy
+
+    def embed_prompts(self, prompts: Sequence[Any]) -> np.ndarray:
+        """``[prompts, D]``: the mean final hidden state over each prompt's tokens after the prompts' common prefix."""
+        policy = self.policy
+        if isinstance(policy, TinyPolicy):
+            if any(not isinstance(p, str) for p in prompts):
+                raise ValueError("the tiny policy takes text prompts (Task.chat must be False)")
+            rows = [policy.tokenizer.encode(str(p), bos=True) for p in prompts]
+            return pooled_states(rows, lambda ids, attn, p: policy.hidden(ids)[:, p:], pad_id=PAD,
+                                 device=policy.device)
+        import torch
+
+        from sara.backends.text import encode_prompt
+
+        tok = policy.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        was_training = policy.model.training
+        policy.model.eval()
+        dtype = policy.autocast_dtype  # the matmul dtype the policy trains in
+        try:
+            with torch.autocast(policy.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
+                return pooled_states([encode_prompt(tok, p) for p in prompts],
+                                     lambda ids, attn, p: final_hidden(policy.model, ids, attn, p), pad_id=int(pad),
+                                     device=policy.device)
+        finally:
+            if was_training:
+                policy.model.train()
+
+
+def policy_embedder(policy: Any) -> PolicyEmbedder | None:
+    """A ``PolicyEmbedder`` for ``policy`` when it is an ``HFPolicy`` or a ``TinyPolicy``, else None."""
+    return PolicyEmbedder(policy) if isinstance(policy, (HFPolicy, TinyPolicy)) else None

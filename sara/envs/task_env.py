@@ -244,15 +244,19 @@ class TaskEnv:
         self.close()
 
 
-def pool_embedder(env: Any) -> Callable[[], np.ndarray] | None:
+def pool_embedder(env: Any, fallback: EmbedsPrompts | None = None) -> Callable[[], np.ndarray] | None:
     """``embed() -> [pool, D]``: the backend's representation of every prompt of ``env``'s pool, rendered as it is for
-    generation (``sara.envs.base.EmbedsPrompts``; what ``sara:group_by=<embedding>`` learns from). None when ``env``
-    (through any ``EnvWrapper``) is not a ``TaskEnv`` over a backend that embeds prompts."""
+    generation (``sara.envs.base.EmbedsPrompts``; what ``sara:group_by=<embedding>`` learns from), or ``fallback``'s
+    when the backend cannot embed (the trainer passes its policy's, ``sara.backends.embed.policy_embedder``). None
+    when ``env`` (through any ``EnvWrapper``) is not a ``TaskEnv`` or neither can embed."""
     while isinstance(env, EnvWrapper):
         env = env.env
-    if not isinstance(env, TaskEnv) or not isinstance(env.backend, EmbedsPrompts):
+    if not isinstance(env, TaskEnv):
         return None
-    task_env, backend = env, env.backend
+    backend = env.backend if isinstance(env.backend, EmbedsPrompts) else fallback
+    if backend is None:
+        return None
+    task_env = env
 
     def embed() -> np.ndarray:
         return backend.embed_prompts([task_env.render(RolloutRequest(unit_id=0, pool_index=i, prompt=p, seeds=()))

@@ -60,6 +60,7 @@ class Trainer:
         from sara.allocators import compose, make_allocator
         from sara.allocators.sequential import SequentialAllocator
         from sara.backends import BACKENDS
+        from sara.backends.embed import policy_embedder
         from sara.envs.base import SamplingConfig
         from sara.envs.task_env import pool_embedder
         from sara.envs.tasks import make_task
@@ -108,7 +109,8 @@ class Trainer:
                                                              self.allocator)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
         sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=cfg.k)
-        self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts, pool_embedder(self.env))
+        embed = pool_embedder(self.env, fallback=policy_embedder(self.policy))  # group_by=<embedding> calls it
+        self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts, embed)
         self.bank = SurplusBank(cfg.groups_per_step, cfg.surplus)  # committed groups beyond the batch (bank.py)
         self.step = 0
         self.version = 0
