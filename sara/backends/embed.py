@@ -20,7 +20,7 @@ from sara.policies.hf import HFPolicy
 from sara.policies.prefix import common_prefix_len, final_hidden
 from sara.policies.tiny_model import PAD, TinyPolicy
 
-__all__ = ["PolicyEmbedder", "policy_embedder", "pooled_states"]
+__all__ = ["PolicyEmbedder", "embed_hf", "embed_tiny", "policy_embedder", "pooled_states"]
 
 
 def pooled_states(rows: Sequence[Sequence[int]], hidden: Callable[[Any, Any, int], Any], *, pad_id: int,
@@ -62,6 +62,34 @@ def pooled_states(rows: Sequence[Sequence[int]], hidden: Callable[[Any, Any, int
     return np.concatenate(out).astype(np.float32)
 
 
+def embed_tiny(policy: TinyPolicy, prompts: Sequence[Any]) -> np.ndarray:
+    """``pooled_states`` of text ``prompts`` under a ``TinyPolicy`` (the tiny backend's and policy's embedding)."""
+    if any(not isinstance(p, str) for p in prompts):
+        raise ValueError("the tiny backend and policy take text prompts (Task.chat must be False)")
+    rows = [policy.tokenizer.encode(str(p), bos=True) for p in prompts]
+    return pooled_states(rows, lambda ids, attn, p: policy.hidden(ids)[:, p:], pad_id=PAD, device=policy.device)
+
+
+def embed_hf(model: Any, tokenizer: Any, prompts: Sequence[Any], *, pad_id: int, dtype: Any = None) -> np.ndarray:
+    """``pooled_states`` of text or chat ``prompts`` under a transformers causal LM in eval mode (its mode restored
+    after), the shared prefix forwarded once; ``dtype``: the matmuls' autocast dtype (None: the weights')."""
+    import torch
+
+    from sara.backends.text import encode_prompt
+
+    rows = [encode_prompt(tokenizer, p) for p in prompts]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
+            return pooled_states(rows, lambda ids, attn, p: final_hidden(model, ids, attn, p), pad_id=pad_id,
+                                 device=device)
+    finally:
+        if was_training:
+            model.train()
+
+
 class PolicyEmbedder:
     """``sara.envs.base.EmbedsPrompts`` from a trainable policy (``HFPolicy`` or ``TinyPolicy``): the representation a
     backend on the same weights returns, for runs whose backend cannot embed. Use ``policy_embedder``."""
@@ -70,31 +98,14 @@ class PolicyEmbedder:
         self.policy = policy
 
     def embed_prompts(self, prompts: Sequence[Any]) -> np.ndarray:
-        """``[prompts, D]``: the mean final hidden state over each prompt's tokens after the prompts' common prefix."""
+        """``[prompts, D]``: the mean final hidden state over each prompt's tokens after the prompts' common prefix
+        (an ``HFPolicy`` in the matmul dtype it trains in)."""
         policy = self.policy
         if isinstance(policy, TinyPolicy):
-            if any(not isinstance(p, str) for p in prompts):
-                raise ValueError("the tiny policy takes text prompts (Task.chat must be False)")
-            rows = [policy.tokenizer.encode(str(p), bos=True) for p in prompts]
-            return pooled_states(rows, lambda ids, attn, p: policy.hidden(ids)[:, p:], pad_id=PAD,
-                                 device=policy.device)
-        import torch
-
-        from sara.backends.text import encode_prompt
-
+            return embed_tiny(policy, prompts)
         tok = policy.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        was_training = policy.model.training
-        policy.model.eval()
-        dtype = policy.autocast_dtype  # the matmul dtype the policy trains in
-        try:
-            with torch.autocast(policy.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
-                return pooled_states([encode_prompt(tok, p) for p in prompts],
-                                     lambda ids, attn, p: final_hidden(policy.model, ids, attn, p), pad_id=int(pad),
-                                     device=policy.device)
-        finally:
-            if was_training:
-                policy.model.train()
+        return embed_hf(policy.model, tok, prompts, pad_id=int(pad), dtype=policy.autocast_dtype)
 
 
 def policy_embedder(policy: Any) -> PolicyEmbedder | None:

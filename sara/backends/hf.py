@@ -334,20 +334,11 @@ class HFBackend:
     def embed_prompts(self, prompts: Sequence[str | Sequence[Mapping[str, str]]]) -> np.ndarray:
         """``[prompts, D]``: the mean final hidden state over each prompt's tokens after the prompts' common prefix
         (forwarded once; ``sara.envs.base.EmbedsPrompts``; no sampling)."""
-        from sara.backends.embed import pooled_states
-        from sara.policies.prefix import final_hidden
+        from sara.backends.embed import embed_hf
 
         if self.closed:
             raise RuntimeError("HFBackend is closed")
-        rows = [encode_prompt(self.tokenizer, p) for p in prompts]
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            return pooled_states(rows, lambda ids, attn, p: final_hidden(self.model, ids, attn, p),
-                                 pad_id=self.pad_id, device=self.device)
-        finally:
-            if was_training:
-                self.model.train()
+        return embed_hf(self.model, self.tokenizer, prompts, pad_id=self.pad_id)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prompt prefill (as vLLM's ``reset_prefix_cache``); ``update_weights`` calls it."""

@@ -19,7 +19,7 @@ from pydantic import Field
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.policies.tiny import TinyPolicy
-from sara.policies.tiny_model import EOS, PAD
+from sara.policies.tiny_model import EOS
 from sara.seeding import uniform_from_seeds
 
 __all__ = ["TinyBackend", "TinyBackendConfig", "make_tiny_backend"]
@@ -179,13 +179,9 @@ class TinyBackend:
     def embed_prompts(self, prompts: Sequence[str | Sequence[Mapping[str, str]]]) -> np.ndarray:
         """``[prompts, D]``: the mean final hidden state over each prompt's tokens after the prompts' common prefix
         (``sara.envs.base.EmbedsPrompts``; no sampling)."""
-        from sara.backends.embed import pooled_states
+        from sara.backends.embed import embed_tiny
 
-        if any(not isinstance(p, str) for p in prompts):
-            raise ValueError("the tiny backend takes text prompts (Task.chat must be False)")
-        rows = [self.tokenizer.encode(str(p), bos=True) for p in prompts]
-        return pooled_states(rows, lambda ids, attn, p: self.policy.hidden(ids)[:, p:], pad_id=PAD,
-                             device=self.policy.device)
+        return embed_tiny(self.policy, prompts)
 
     def close(self) -> None:
         self.closed = True

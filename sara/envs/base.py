@@ -20,8 +20,9 @@ import numpy as np
 
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["Closeable", "Completion", "EmbedsPrompts", "EnvWrapper", "GenerationBackend", "GenerationRequest", "RolloutEnv",
-           "SamplingConfig", "SeedAware", "StreamingBackend", "StreamingEnv", "UpdatesWeights", "Versioned"]
+__all__ = ["Closeable", "Completion", "EmbedsPrompts", "EnvWrapper", "GenerationBackend", "GenerationRequest",
+           "RolloutEnv", "SamplingConfig", "SeedAware", "StreamingBackend", "StreamingEnv", "UpdatesWeights",
+           "Versioned"]
 
 
 @runtime_checkable
