@@ -252,13 +252,14 @@ def _plain_tiny(policy, options=None, **_):
     return Plain()
 
 
-def test_a_backend_that_cannot_embed_gets_the_policys_representation(tmp_path: Path):
+def test_a_backend_that_cannot_embed_gets_the_policys_representation(tmp_path: Path, monkeypatch):
     from sara.backends import BACKENDS
     from sara.backends.embed import policy_embedder
     from sara.envs.task_env import pool_embedder
     from sara.train.trainer import Trainer
 
-    BACKENDS.register("plain_tiny_for_embedding_tests", _plain_tiny, override=True)
+    # Registered for this test only (other tests list the registry's names).
+    monkeypatch.setitem(BACKENDS._items, "plain_tiny_for_embedding_tests", _plain_tiny)
     trainer = Trainer({"allocator": "sara:group_by=<embedding>", "backend": "plain_tiny_for_embedding_tests",
                        "steps": 1, "rollout_budget": 200, "out_dir": str(tmp_path / "run"),
                        "task": "sara/Arithmetic-v0:max_digits=3,pool_size=200,eval_size=20"}, verbose=False)
