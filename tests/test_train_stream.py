@@ -62,8 +62,8 @@ def _plain_tiny(policy, options=None, **kw):
     return Plain()
 
 
-def test_driver_stream_needs_a_streaming_environment(tmp_path):
-    BACKENDS.register("plain_tiny_for_tests", _plain_tiny, override=True)
+def test_driver_stream_needs_a_streaming_environment(tmp_path, monkeypatch):
+    monkeypatch.setitem(BACKENDS._items, "plain_tiny_for_tests", _plain_tiny)  # registered for this test only
     with pytest.raises(ConfigError, match=r"field 'driver'.*cannot stream"):
         Trainer(_cfg(tmp_path, driver="stream", backend="plain_tiny_for_tests"))
     with pytest.raises(ConfigError, match=r"field 'driver'.*runs in rounds"):
