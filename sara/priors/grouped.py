@@ -66,7 +66,8 @@ def value_codes(values: Sequence[Hashable], names: Sequence[Hashable] | None = N
 
 def prompt_groups(prior: Prior | None) -> np.ndarray | None:
     """The group of every pool index when ``prior`` is split by groups (``GroupedGridPrior``, directly or as the base
-    of a history prior) and the groups stay fixed, else None: what a run's 'DS would have spent' estimate should fit per group."""
+    of a history prior) and the groups stay fixed, else None: what a run's 'DS would have spent' estimate should fit
+    per group."""
     population = None if prior is None else population_of(prior)
     if isinstance(population, GroupedGridPrior) and population.fixed_labels:
         return population.labels

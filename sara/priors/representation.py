@@ -10,8 +10,8 @@ mixture per band (``GroupedGridPrior``, each shrunk toward the pooled fit), refi
 new bands. The pool stays one band until the fit has predicted a step's outcomes out of sample better than the
 window's mean outcome (a decayed score, as the learned split's), so a representation that predicts nothing leaves one
 population.
-Unsupervised clusters of the same vectors were tried first and follow what varies most (which tokens a prompt
-holds), not what predicts success; the regression looks for the latter.
+Clusters of the same vectors would follow what varies most in them (which tokens a prompt holds), not what predicts
+success; the regression looks for the latter.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ class RepresentationPrior(GroupedGridPrior):
         self._phist: list[np.ndarray] = []  # per past step: pool index of every unit with data (aligned with _hist)
 
     @classmethod
-    def like(cls, base: GridPrior, features: np.ndarray, **kwargs: Any) -> RepresentationPrior:  # type: ignore[override]
+    def like(cls, base: GridPrior, features: np.ndarray,  # type: ignore[override]
+             **kwargs: Any) -> RepresentationPrior:
         """A representation prior with ``base``'s options and starting weights."""
         out = cls(features, fit=base.fit, window=base.window, min_units=base.min_units,
                   refit_growth=base.refit_growth, smoothing=base.smoothing, **kwargs)
@@ -112,14 +113,16 @@ class RepresentationPrior(GroupedGridPrior):
         self._phist.append(idx)
         del self._phist[: -self.window]
         past = len(self._phist) - 1  # the past steps still in the window: the last `past` entries of _hist
-        self._relabel(np.concatenate(self._phist), np.concatenate([*(self._hist[-past:] if past else []), ns]), len(ns))
+        window_ns = np.concatenate([*(self._hist[-past:] if past else []), ns])
+        self._relabel(np.concatenate(self._phist), window_ns, len(ns))
         # The past steps' groups under the new bands (GroupedGridPrior.update appends this step's and refits).
         self._ghist = [self.unit_groups(p) for p in self._phist[:-1]]
         super().update(pool_index, n, rsum, step)
 
     def state_dict(self) -> dict[str, Any]:
         # Signed numbers as (positive part, negative part): a checkpoint holds no negative numbers.
-        return {**super().state_dict(), "coef": [np.maximum(self.coef, 0).tolist(), np.maximum(-self.coef, 0).tolist()],
+        coef = [np.maximum(self.coef, 0).tolist(), np.maximum(-self.coef, 0).tolist()]
+        return {**super().state_dict(), "coef": coef,
                 "labels": self.labels.tolist(), "phist": [p.tolist() for p in self._phist], "mean": self.mean,
                 "fitted": self.fitted, "gain": [max(self.gain, 0.0), max(-self.gain, 0.0)]}
 
@@ -136,5 +139,6 @@ class RepresentationPrior(GroupedGridPrior):
             if labels.size and (labels.min() < 0 or labels.max() >= self.n_groups):
                 raise ValueError(f"representation prior: checkpoint bands out of range 0..{self.n_groups - 1}")
             self.coef, self.labels = coef.copy(), labels.copy()
-            self.mean, self.fitted, self.gain = float(state["mean"]), bool(state["fitted"]), float(state["gain"][0] - state["gain"][1])
+            self.mean, self.fitted = float(state["mean"]), bool(state["fitted"])
+            self.gain = float(state["gain"][0]) - float(state["gain"][1])
             self._phist = [np.asarray(p, np.int64).copy() for p in state["phist"]]
