@@ -200,6 +200,24 @@ def test_a_representation_that_carries_the_band_saves_what_the_band_saves():
     assert noise == none  # here it never beats the mean out of sample: the same rule, rollout for rollout
 
 
+def test_the_default_splits_by_the_representation_where_the_run_has_one_and_weighs_the_bands_back():
+    # features:informative carries no `component`: the default's second key, the representation, is chosen ...
+    cost, allocator = _run("sara", embed=_band_representation)
+    assert isinstance(allocator.prior, RepresentationPrior)
+    assert cost == _run(f"sara:group_by={EMBEDDING},reweight=ds,max_weight=2", embed=_band_representation)[0]
+    idx, sizes = np.arange(0, 6000, 500), np.full(12, K)
+    w = allocator.batch_weights(idx, sizes)  # ... and its bands are weighted back to DS's composition (reweight=ds)
+    assert w is not None and w.mean() == pytest.approx(1.0) and np.ptp(w) > 0
+    assert make_allocator("sara", k=K).config.max_weight == 2.0
+    unweighted, plain_rule = _run("sara:reweight=none", embed=_band_representation)
+    assert unweighted == cost  # weights touch the gradient, never the rollouts
+    assert plain_rule.batch_weights(idx, sizes) is None
+    # Without a representation (the simulator's runs, the benches, TRL, verl) the default is one population, silently.
+    plain, bare = _run("sara")
+    assert type(bare.prior).__name__ == "GridPrior" and plain == _run("sara:group_by=none")[0]
+    assert bare.batch_weights(idx, sizes) is None
+
+
 def test_conformance():
     env = SimulatedEnv("features:informative", size=6000, seed=0)
     check_allocator(lambda: compose(make_allocator(f"sara:group_by={EMBEDDING}", k=K), UniformSampler(6000, seed=0),
@@ -214,13 +232,16 @@ def test_embedding_needs_a_backend_that_embeds_and_is_only_computed_when_chosen(
     allocator, _ = compose(make_allocator("sara:group_by=component|<embedding>", k=K), UniformSampler(40, seed=0),
                            prompts, embed=lambda: pytest.fail("computed although component applies"))
     assert allocator.prior.names == [0, 1]
+    default, _ = compose(make_allocator("sara", k=K), UniformSampler(40, seed=0), prompts,
+                         embed=lambda: pytest.fail("computed although component applies"))
+    assert default.prior.names == [0, 1]
 
 
 def test_the_trainer_splits_by_the_policys_representation(tmp_path: Path):
     from sara.envs.task_env import pool_embedder
     from sara.train.trainer import Trainer
 
-    trainer = Trainer({"allocator": "sara:group_by=<embedding>", "steps": 2, "rollout_budget": 1000, "k": 4,
+    trainer = Trainer({"allocator": "sara", "steps": 2, "rollout_budget": 1000, "k": 4,  # the default; no component
                        "groups_per_step": 16, "out_dir": str(tmp_path / "run"),
                        "task": "sara/Arithmetic-v0:max_digits=3,pool_size=300,eval_size=20"}, verbose=False)
     try:
@@ -228,6 +249,10 @@ def test_the_trainer_splits_by_the_policys_representation(tmp_path: Path):
         embed = pool_embedder(trainer.env)
         assert isinstance(prior, RepresentationPrior) and embed is not None
         assert np.allclose(prior.z[:, :-1], principal_components(embed(), 32))
+        said: list[str] = []
+        assert len(pool_embedder(trainer.env, announce=said.append)()) == len(trainer.env.prompts)
+        assert said == [f"embedded {len(trainer.env.prompts)} training prompts for sara:group_by=<embedding> "
+                        f"(TinyBackend, {said[0].rsplit(', ', 1)[1]}"]  # what `sara train` prints at its start
         trainer.train()  # and it trains, the bands learned from the first step's outcomes
         assert trainer.step == 2 and len(np.unique(prior.labels)) > 1
     finally:
@@ -270,5 +295,9 @@ def test_a_backend_that_cannot_embed_gets_the_policys_representation(tmp_path: P
         embed = pool_embedder(trainer.env, fallback=policy_embedder(trainer.policy))
         assert isinstance(prior, RepresentationPrior) and embed is not None
         assert np.allclose(prior.z[:, :-1], principal_components(embed(), 32))
+        said: list[str] = []
+        assert len(pool_embedder(trainer.env, announce=said.append)()) == len(trainer.env.prompts)
+        assert said == [f"embedded {len(trainer.env.prompts)} training prompts for sara:group_by=<embedding> "
+                        f"(TinyBackend, {said[0].rsplit(', ', 1)[1]}"]  # what `sara train` prints at its start
     finally:
         trainer.close()

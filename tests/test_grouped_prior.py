@@ -140,7 +140,7 @@ def test_group_by_tries_its_keys_in_order():
         make_allocator("sara:group_by=auto|band", k=K)
     with pytest.raises(ConfigError, match="group_by.*empty or 'none'"):
         make_allocator("sara:group_by=band|none", k=K)
-    assert make_allocator("sara", k=K).config.group_keys == ("component",)
+    assert make_allocator("sara", k=K).config.group_keys == ("component", "<embedding>")
     assert make_allocator("sara:group_by=none", k=K).config.group_keys == ()
 
 

@@ -39,7 +39,7 @@ def _allocator(spec: str, steps: int = 3):
 
 
 def test_batch_weights_favour_the_group_the_rule_starves():
-    allocator, _ = _allocator("sara:group_by=band,reweight=ds")
+    allocator, _ = _allocator("sara:group_by=band,reweight=ds,max_weight=10")
     assert isinstance(allocator, WeighsBatch)
     idx, sizes = np.array([0, 1, 700, 701, 702]), np.array([8, 3, 8, 8, 5])  # two hard groups, three mid ones
     hard = np.repeat(idx < 600, sizes)

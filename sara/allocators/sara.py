@@ -75,7 +75,7 @@ class SARAConfig(PriorOptions):
     price per group (0.04: +1-2% rollouts per effective group in the simulator; docs/allocation.md)."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
-    group_by: str | None = "component"
+    group_by: str | None = "component|<embedding>"
     """Where the population prior's groups come from (one grid mixture per group, shrunk toward the pooled fit, one
     optimum across them; ``sara.priors.grouped``): a ``Prompt.metadata`` key whose values are the groups, e.g.
     ``component`` (``sara/Mixture-v0``), ``digits`` (``sara/Arithmetic-v0``), ``level`` (MATH); ``auto``, the feature
@@ -84,18 +84,23 @@ class SARAConfig(PriorOptions):
     representation of each prompt (its mean final hidden state, computed once for the pool at the start by the tiny
     or HF backend, or by the trainer's policy under another backend; the regression refitted on every step's outcomes;
     ``sara.priors.representation``); or several joined by ``|``, tried in order, the first the pool carries winning
-    (``auto`` always applies, so it can only come last: ``component|auto``). The default, ``component``, groups a
-    mixture by its components and leaves any other pool one population. Keys you give must exist: a list none of
+    (``auto`` always applies, so it can only come last: ``component|auto``). The default, ``component|<embedding>``,
+    groups a mixture by its components and any other pool by the representation's bands where the run has one (the
+    trainer on the tiny and HF backends, and on others through its policy); where it has neither (the simulator, the
+    benches, the TRL and verl integrations) the pool is one population. Keys you give must exist: a list none of
     whose keys the pool carries is an error. Needs the pool's prompts, which ``sara.allocators.compose(...,
     prompts=)`` hands over (the trainer and the benches do). None: one population."""
-    reweight: Literal["none", "ds"] = "none"
+    reweight: Literal["none", "ds"] | None = None
     """'ds': scale each trained group's advantages so the batch has DS's expected composition over the prior's
     groups (``GroupedGridPrior.composition_weights``; rows normalized to mean 1, capped at ``max_weight``). The rule
     abandons a hard group's prompts early and fills the batch with groups that mix cheaply, so a hard group gets
     less gradient than under DS; weighted back, learning follows DS's composition: better where the policy is about
     to learn that group, worse where it is out of reach (docs/allocation.md). Needs groups (``group_by``); on one
-    population nothing is reweighted. The rollouts are the rule's either way."""
-    max_weight: float = Field(10.0, ge=1.0)
+    population nothing is reweighted. The rollouts are the rule's either way. None (the default): the prior's own
+    default (``GroupedGridPrior.default_reweight``): 'ds' for the representation's bands (``<embedding>``), which
+    follow what mixes cheaply now and so would starve a band the policy is about to learn; 'none' for a metadata key
+    and ``auto``."""
+    max_weight: float = Field(2.0, ge=1.0)
     """'ds' reweighting: cap on a rollout's weight relative to the batch mean (bounds the gradient's variance)."""
     drain: bool = True
     """Once the step's target is covered, finish the units still probing whose remaining rollouts buy effective
@@ -194,7 +199,7 @@ class SARAAllocator(SARABase):
 
         Raises:
             ConfigError: naming ``group_by`` when a list you gave has no key the pool carries, or names
-                ``<embedding>`` and the run's backend cannot embed prompts.
+                ``<embedding>`` and the run has no representation of the prompts (``embed`` is None).
         """
         from sara.priors.grouped import GroupedGridPrior, group_labels
 
@@ -207,7 +212,7 @@ class SARAAllocator(SARABase):
             return k == AUTO or (any(k in p.metadata for p in prompts) if given else _has_key(prompts, k))
 
         key = next((k for k in keys if carried(k)), None)
-        if key is None and EMBEDDING in keys:
+        if key is None and given and EMBEDDING in keys:
             raise ConfigError(f"sara: field 'group_by': {EMBEDDING} needs the policy's representation of each prompt "
                               "(sara.envs.base.EmbedsPrompts: the tiny and hf backends, or the trainer's hf / tiny "
                               "policy), and this run has none; group by a metadata key or auto instead")
@@ -250,10 +255,12 @@ class SARAAllocator(SARABase):
         return base if isinstance(base, GridPrior) else None
 
     def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
-        """``[rows]`` advantage weights of a batch of groups (their pool indices and sizes, rows in group order) under
-        ``reweight='ds'``; None when nothing is reweighted (``reweight='none'``, or a population without groups)."""
+        """``[rows]`` advantage weights of a batch of groups (their pool indices and sizes, rows in group order) when
+        ``reweight`` resolves to 'ds'; None when nothing is reweighted ('none', or a population without groups)."""
         base = population_of(self.prior)
-        if self.config.reweight == "none" or not isinstance(base, GroupedPopulation) or not len(sizes):
+        if not isinstance(base, GroupedPopulation) or not len(sizes):
+            return None
+        if (self.config.reweight or base.default_reweight) == "none":
             return None
         w = np.repeat(base.composition_weights(self.k)[base.unit_groups(np.asarray(pool_index, np.int64))], sizes)
         w = np.minimum(w / w.mean(), self.config.max_weight)

@@ -244,11 +244,13 @@ class TaskEnv:
         self.close()
 
 
-def pool_embedder(env: Any, fallback: EmbedsPrompts | None = None) -> Callable[[], np.ndarray] | None:
+def pool_embedder(env: Any, fallback: EmbedsPrompts | None = None,
+                  announce: Callable[[str], None] | None = None) -> Callable[[], np.ndarray] | None:
     """``embed() -> [pool, D]``: the backend's representation of every prompt of ``env``'s pool, rendered as it is for
     generation (``sara.envs.base.EmbedsPrompts``; what ``sara:group_by=<embedding>`` learns from), or ``fallback``'s
     when the backend cannot embed (the trainer passes its policy's, ``sara.backends.embed.policy_embedder``). None
-    when ``env`` (through any ``EnvWrapper``) is not a ``TaskEnv`` or neither can embed."""
+    when ``env`` (through any ``EnvWrapper``) is not a ``TaskEnv`` or neither can embed. ``announce`` gets one line
+    saying how many prompts were embedded and how long it took (the trainer's verbose setup messages)."""
     while isinstance(env, EnvWrapper):
         env = env.env
     if not isinstance(env, TaskEnv):
@@ -259,7 +261,12 @@ def pool_embedder(env: Any, fallback: EmbedsPrompts | None = None) -> Callable[[
     task_env = env
 
     def embed() -> np.ndarray:
-        return backend.embed_prompts([task_env.render(RolloutRequest(unit_id=0, pool_index=i, prompt=p, seeds=()))
-                                      for i, p in enumerate(task_env.prompts)])
+        start = time.perf_counter()
+        out = backend.embed_prompts([task_env.render(RolloutRequest(unit_id=0, pool_index=i, prompt=p, seeds=()))
+                                     for i, p in enumerate(task_env.prompts)])
+        if announce is not None:
+            announce(f"embedded {len(out):,} training prompts for sara:group_by=<embedding> "
+                     f"({type(backend).__name__}, {time.perf_counter() - start:.1f} s)")
+        return out
 
     return embed

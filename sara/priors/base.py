@@ -65,6 +65,9 @@ class Layered(Protocol):
 class GroupedPopulation(Protocol):
     """A population prior split by prompt groups (``sara.priors.grouped``, ``sara.priors.features``)."""
 
+    default_reweight: str
+    """What ``sara:reweight`` resolves to when the spec leaves it unset: 'ds' or 'none' (``SARAConfig.reweight``)."""
+
     def unit_groups(self, pool_index: np.ndarray) -> np.ndarray: ...
 
     def composition_weights(self, k: int) -> np.ndarray: ...

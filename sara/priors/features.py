@@ -20,7 +20,7 @@ sampler), as with any population prior.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -107,6 +107,10 @@ class FeatureGroupedPrior(GridPrior):
         shrink: Pseudo-units of the pooled fit in each group's fit (``GroupedGridPrior``).
         **kwargs: ``GridPrior``'s options.
     """
+
+    default_reweight: ClassVar[str] = "none"
+    """``sara:reweight`` when unset: the rule's composition (weighting back gives ``auto``'s saving back on the
+    arithmetic pools of docs/allocation.md)."""
 
     def __init__(self, splits: Mapping[str, np.ndarray], *, decay: float = 0.9, margin: float = 3.0,
                  shrink: float = 16.0, **kwargs: Any) -> None:

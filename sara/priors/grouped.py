@@ -1,5 +1,5 @@
 """A population prior per group of prompts: ``sara:group_by=KEY`` (one grid mixture per value of a prompt feature;
-``sara``'s default ``group_by=component`` splits a ``sara/Mixture-v0`` pool by component).
+``sara``'s default ``group_by=component|<embedding>`` splits a ``sara/Mixture-v0`` pool by component).
 
 A pool is rarely one population. Mixture components, MATH levels or Countdown sizes each have their own spread of
 success rates, and a single pooled prior blurs them: on the default pool (1- to 4-digit sums) a first failure says
@@ -94,6 +94,8 @@ class GroupedGridPrior(GridPrior):
 
     fixed_labels: ClassVar[bool] = True
     """Whether ``labels`` stay as given (False: a subclass moves prompts between groups as it learns)."""
+    default_reweight: ClassVar[str] = "none"
+    """``sara:reweight`` when unset: groups given by the pool keep the rule's composition (``SARAConfig.reweight``)."""
 
     def __init__(self, labels: np.ndarray, names: Sequence[Hashable] = (), *, shrink: float = 16.0,
                  **kwargs: Any) -> None:

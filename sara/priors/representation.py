@@ -55,6 +55,9 @@ class RepresentationPrior(GroupedGridPrior):
     """
 
     fixed_labels: ClassVar[bool] = False
+    default_reweight: ClassVar[str] = "ds"
+    """Bands of what mixes cheaply now: the rule abandons the low bands early, so the batch is weighted back to DS's
+    composition over them by default, lest a band the policy is about to learn be starved (docs/allocation.md)."""
 
     def __init__(self, features: np.ndarray, *, bands: int = NUMERIC_BINS, dims: int = 32, ridge: float = 10.0,
                  **kwargs: Any) -> None:

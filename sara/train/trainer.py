@@ -109,7 +109,7 @@ class Trainer:
                                                              self.allocator)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
         sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=cfg.k)
-        embed = pool_embedder(self.env, fallback=policy_embedder(self.policy))  # group_by=<embedding> calls it
+        embed = pool_embedder(self.env, policy_embedder(self.policy), print if verbose else None)  # <embedding>
         self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts, embed)
         self.bank = SurplusBank(cfg.groups_per_step, cfg.surplus)  # committed groups beyond the batch (bank.py)
         self.step = 0
