@@ -24,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 from sara.allocators.optimal import RuleCache, drain_decisions, optimal_decisions
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.config import ConfigError
-from sara.priors.base import GroupedPopulation, Prior, population_of
+from sara.priors.base import GroupedPopulation, Prior, Reweight, population_of
 from sara.priors.features import EMBEDDING
 from sara.priors.grid import GridPrior
 from sara.priors.history import DEFAULT_DECAY, BorrowedHistory, Decay, HistoryPrior
@@ -90,14 +90,14 @@ class SARAConfig(PriorOptions):
     benches, the TRL and verl integrations) the pool is one population. Keys you give must exist: a list none of
     whose keys the pool carries is an error. Needs the pool's prompts, which ``sara.allocators.compose(...,
     prompts=)`` hands over (the trainer and the benches do). None: one population."""
-    reweight: Literal["none", "ds"] | None = None
+    reweight: Reweight | None = None
     """'ds': scale each trained group's advantages so the batch has DS's expected composition over the prior's
     groups (``GroupedGridPrior.composition_weights``; rows normalized to mean 1, capped at ``max_weight``). The rule
     abandons a hard group's prompts early and fills the batch with groups that mix cheaply, so a hard group gets
     less gradient than under DS; weighted back, learning follows DS's composition: better where the policy is about
     to learn that group, worse where it is out of reach (docs/allocation.md). Needs groups (``group_by``); on one
     population nothing is reweighted. The rollouts are the rule's either way. None (the default): the prior's own
-    default (``GroupedGridPrior.default_reweight``): 'ds' for the representation's bands (``<embedding>``), which
+    default (``GroupedPopulation.default_reweight``): 'ds' for the representation's bands (``<embedding>``), which
     follow what mixes cheaply now and so would starve a band the policy is about to learn; 'none' for a metadata key
     and ``auto``."""
     max_weight: float = Field(2.0, ge=1.0)

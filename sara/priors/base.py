@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from sara.units import UnitTable
 
-__all__ = ["ConstantPrior", "GroupedPopulation", "Layered", "Prior", "population_of"]
+__all__ = ["ConstantPrior", "GroupedPopulation", "Layered", "Prior", "Reweight", "population_of"]
+
+Reweight = Literal["none", "ds"]
+"""How a batch of groups is weighted (``SARAConfig.reweight``): 'ds' toward DS's composition over the groups, or not."""
 
 
 class Prior(ABC):
@@ -65,8 +68,8 @@ class Layered(Protocol):
 class GroupedPopulation(Protocol):
     """A population prior split by prompt groups (``sara.priors.grouped``, ``sara.priors.features``)."""
 
-    default_reweight: str
-    """What ``sara:reweight`` resolves to when the spec leaves it unset: 'ds' or 'none' (``SARAConfig.reweight``)."""
+    default_reweight: Reweight
+    """What ``sara:reweight`` resolves to when the spec leaves it unset (``SARAConfig.reweight``)."""
 
     def unit_groups(self, pool_index: np.ndarray) -> np.ndarray: ...
 

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sara.priors.base import Reweight
 from sara.priors.grid import GridPrior, grid_loglik
 from sara.priors.grouped import GroupedGridPrior, metadata_values, value_codes
 from sara.types import Prompt
@@ -108,7 +109,7 @@ class FeatureGroupedPrior(GridPrior):
         **kwargs: ``GridPrior``'s options.
     """
 
-    default_reweight: ClassVar[str] = "none"
+    default_reweight: ClassVar[Reweight] = "none"
     """``sara:reweight`` when unset: the rule's composition (weighting back gives ``auto``'s saving back on the
     arithmetic pools of docs/allocation.md)."""
 

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sara.config import ConfigError
-from sara.priors.base import Prior, population_of
+from sara.priors.base import Prior, Reweight, population_of
 from sara.priors.grid import GridPrior, em_weights
 from sara.types import Prompt
 from sara.units import UnitTable
@@ -94,7 +94,7 @@ class GroupedGridPrior(GridPrior):
 
     fixed_labels: ClassVar[bool] = True
     """Whether ``labels`` stay as given (False: a subclass moves prompts between groups as it learns)."""
-    default_reweight: ClassVar[str] = "none"
+    default_reweight: ClassVar[Reweight] = "none"
     """``sara:reweight`` when unset: groups given by the pool keep the rule's composition (``SARAConfig.reweight``)."""
 
     def __init__(self, labels: np.ndarray, names: Sequence[Hashable] = (), *, shrink: float = 16.0,

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sara.priors.base import Reweight
 from sara.priors.features import NUMERIC_BINS, quantile_bins
 from sara.priors.grid import GridPrior, grid_posterior
 from sara.priors.grouped import GroupedGridPrior
@@ -55,7 +56,7 @@ class RepresentationPrior(GroupedGridPrior):
     """
 
     fixed_labels: ClassVar[bool] = False
-    default_reweight: ClassVar[str] = "ds"
+    default_reweight: ClassVar[Reweight] = "ds"
     """Bands of what mixes cheaply now: the rule abandons the low bands early, so the batch is weighted back to DS's
     composition over them by default, lest a band the policy is about to learn be starved (docs/allocation.md)."""
 
