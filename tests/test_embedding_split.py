@@ -33,6 +33,13 @@ def test_principal_components_are_standardized_and_drop_flat_directions():
     assert z.shape == (400, 3) and np.allclose(z.std(0), 1.0) and np.allclose(z.mean(0), 0.0, atol=1e-9)
     assert principal_components(x, 2).shape == (400, 2)
     assert principal_components(np.ones((10, 4)), 8).shape == (10, 0)  # all alike: nothing to read
+    # A pool larger than the fitting sample is projected in chunks, from float32, as if whole.
+    big = rng.normal(0, 1, (3000, 12)).astype(np.float32) * np.arange(1, 13, dtype=np.float32)
+    whole = principal_components(big, 6, sample=500, chunk=len(big))
+    np.testing.assert_allclose(principal_components(big, 6, sample=500, chunk=700), whole, rtol=1e-10, atol=1e-10)
+    assert whole.shape == (3000, 6) and np.allclose(whole.std(0), 1.0)
+    top = np.linalg.svd(big - big.mean(0), full_matrices=False)[2][0]  # the sample finds the pool's top direction
+    assert abs(np.corrcoef(whole[:, 0], (big - big.mean(0)) @ top)[0, 1]) > 0.99
 
 
 def _fed(prior, rates, *, steps=4, units=400, seed=0):
