@@ -38,20 +38,18 @@ def principal_components(x: np.ndarray, dims: int, *, sample: int = 4096, seed: 
     x = np.asarray(x)
     if x.ndim != 2 or not len(x):
         return np.zeros((len(x), 0))
-    if len(x) <= sample:
+    whole = len(x) <= sample  # the fit sees every row, already centred: project them as they are
+    if whole:
         fit = np.asarray(x, np.float64)
-        mean = fit.mean(0)
-        fit = fit - mean
+        fit = fit - fit.mean(0)
     else:
         mean = x.mean(0, dtype=np.float64)
-        fit = np.asarray(x[np.sort(np.random.default_rng(seed).choice(len(x), sample, replace=False))], np.float64) - mean
+        rows = np.sort(np.random.default_rng(seed).choice(len(x), sample, replace=False))
+        fit = np.asarray(x[rows], np.float64) - mean
     _, sv, vt = np.linalg.svd(fit, full_matrices=False)
     d = int(min(dims, np.sum(sv > (sv[0] * 1e-6 if len(sv) else np.inf))))
-    if len(x) <= sample:
-        z = fit @ vt[:d].T
-    else:
-        z = np.concatenate([(np.asarray(x[i:i + chunk], np.float64) - mean) @ vt[:d].T
-                            for i in range(0, len(x), chunk)])
+    z = fit @ vt[:d].T if whole else np.concatenate(
+        [(np.asarray(x[i:i + chunk], np.float64) - mean) @ vt[:d].T for i in range(0, len(x), chunk)])
     return z / np.maximum(z.std(0), 1e-12)
 
 
