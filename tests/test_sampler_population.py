@@ -35,7 +35,7 @@ def test_unseen_prompts_of_a_band_that_never_mixes_are_passed_over(selection):
     lent = _sampler(f"predictive:population=allocator,selection={selection},explore=0")
     picked = lent.sample(40)
     assert len(picked) == 40 and np.all(picked % 2 == 1)
-    own = _sampler(f"predictive:selection={selection},explore=0")  # the default ignores a lent population
+    own = _sampler(f"predictive:population=own,selection={selection},explore=0")  # 'own' ignores a lent population
     assert own.population is None
     assert 5 < int(np.sum(own.sample(40) % 2 == 0)) < 35  # unseen prompts score alike: about half from each band
 
@@ -58,13 +58,15 @@ def test_a_prompts_history_refines_its_groups_mixture():
     assert sampler.scores(np.array([3]), np.random.default_rng(0))[0] == pytest.approx(0.0)
 
 
-def test_compose_lends_the_allocators_population_only_when_asked():
+def test_compose_lends_the_allocators_population_by_default():
     prompts = [Prompt(id=f"p{i}", metadata={"band": i % 2}) for i in range(POOL)]
-    allocator, sampler = compose(make_allocator("sara:group_by=band", k=K),
-                                 make_sampler("predictive:population=allocator", POOL, k=K), prompts)
+    allocator, sampler = compose(make_allocator("sara:group_by=band", k=K), make_sampler("predictive", POOL, k=K),
+                                 prompts)
+    assert sampler.config.population == "allocator"  # what `sara@predictive` composes
     assert isinstance(sampler.population, GroupedGridPrior)
     assert sampler.population is allocator.lend_population()  # one object, fitted by the allocator
-    _, own = compose(make_allocator("sara:group_by=band", k=K), make_sampler("predictive", POOL, k=K), prompts)
+    _, own = compose(make_allocator("sara:group_by=band", k=K),
+                     make_sampler("predictive:population=own", POOL, k=K), prompts)
     assert own.population is None
     _, with_ds = compose(make_allocator("ds", k=K), make_sampler("predictive:population=allocator", POOL, k=K),
                          prompts)
@@ -78,8 +80,8 @@ def test_features_drive_selection_of_unseen_prompts_and_cost_nothing_when_uninfo
         return float(np.mean([_run("sara:group_by=auto", population, steps=8, sampler=sampler, seed=s)[0]
                               for s in range(3)]))
 
-    own = "predictive:selection=mean"
-    lent = "predictive:population=allocator,selection=mean"
+    own = "predictive:population=own,selection=mean"
+    lent = "predictive:selection=mean"  # the default population: the allocator's
     assert cost(lent, "features:informative") < 0.98 * cost(own, "features:informative")
     assert cost(lent, "features:uninformative") <= 1.03 * cost(own, "features:uninformative")
 

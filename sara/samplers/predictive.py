@@ -17,8 +17,8 @@ selection among them is uniform. An allocator with a population prior over a gri
 (``sara``: one mixture per value of a prompt feature under ``group_by``, learned from the features under
 ``group_by=auto``) lends it through ``sara.allocators.compose`` (``use_population``); the sampler then scores each
 candidate under its group's mixture times the prompt's own decayed likelihood, so an unseen prompt of a band that
-rarely mixes (always solved, never solved) is passed over before its first rollout. That is
-``population=allocator``; the default, ``own``, keeps the sampler's Beta.
+rarely mixes (always solved, never solved) is passed over before its first rollout. That is the default,
+``population=allocator``; ``population=own`` keeps the sampler's Beta whoever it is composed with.
 """
 
 from __future__ import annotations
@@ -59,10 +59,11 @@ class PredictiveSamplerConfig(SaraModel):
     prompts that became useful, and bounds starvation."""
     max_evidence: float = Field(64.0, gt=0.0)
     """Cap on a prompt's decayed pseudo-count, so confident prompts can still be revisited after drift."""
-    population: Literal["own", "allocator"] = "own"
-    """Prior under each prompt's history: 'own', the sampler's empirical-Bayes Beta (unseen prompts score alike);
-    'allocator', the grid population an allocator lends through ``compose`` (``sara``'s, one mixture per prompt
-    group under ``group_by``; see the module docstring), or the sampler's Beta when none is lent."""
+    population: Literal["own", "allocator"] = "allocator"
+    """Prior under each prompt's history: 'allocator' (the default), the grid population an allocator lends through
+    ``compose`` (``sara``'s, one mixture per prompt group under ``group_by``; see the module docstring), or the
+    sampler's Beta when none is lent (``ds``, ``uniform``); 'own', always the sampler's empirical-Bayes Beta (unseen
+    prompts score alike)."""
 
 
 class PredictiveSampler(PromptSampler):
