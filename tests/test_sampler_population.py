@@ -71,6 +71,8 @@ def test_compose_lends_the_allocators_population_by_default():
     _, with_ds = compose(make_allocator("ds", k=K), make_sampler("predictive:population=allocator", POOL, k=K),
                          prompts)
     assert with_ds.population is None  # DS has no population to lend: the sampler's own Beta
+    _, pooled = compose(make_allocator("sara:group_by=none", k=K), make_sampler("predictive", POOL, k=K), prompts)
+    assert pooled.population is None  # one population tells no unseen prompt apart: the sampler keeps its own Beta
 
 
 def test_features_drive_selection_of_unseen_prompts_and_cost_nothing_when_uninformative():

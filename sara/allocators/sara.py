@@ -250,10 +250,12 @@ class SARAAllocator(SARABase):
         return True
 
     def lend_population(self) -> GridPrior | None:
-        """The grid population prior the rule reads (split by prompt group under ``group_by``), for a sampler to score
-        prompts with (``sara.allocators.compose``); None when a subclass's population is not a grid."""
+        """The grid population prior the rule reads, split by prompt group under ``group_by``, for a sampler to score
+        prompts never drawn by their group (``sara.allocators.compose``). None when the pool is one population (every
+        unseen prompt would score alike; the sampler keeps its own prior, which measured better there) or when a
+        subclass's population is not a grid."""
         base = population_of(self.prior)
-        return base if isinstance(base, GridPrior) else None
+        return base if isinstance(base, GridPrior) and isinstance(base, GroupedPopulation) else None
 
     def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
         """``[rows]`` advantage weights of a batch of groups (their pool indices and sizes, rows in group order) when

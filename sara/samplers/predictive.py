@@ -13,12 +13,12 @@ It composes with any allocator ("SARA + DPS"): the sampler decides *which* promp
 many rollouts each gets. The driver feeds the step's observations back through ``update``.
 
 A prompt never drawn has no evidence of its own, so under the sampler's own Beta every unseen prompt scores alike and
-selection among them is uniform. An allocator with a population prior over a grid of success rates
-(``sara``: one mixture per value of a prompt feature under ``group_by``, learned from the features under
-``group_by=auto``) lends it through ``sara.allocators.compose`` (``use_population``); the sampler then scores each
-candidate under its group's mixture times the prompt's own decayed likelihood, so an unseen prompt of a band that
-rarely mixes (always solved, never solved) is passed over before its first rollout. That is the default,
-``population=allocator``; ``population=own`` keeps the sampler's Beta whoever it is composed with.
+selection among them is uniform. An allocator with a population prior over a grid of success rates split into
+groups (``sara`` when it splits the pool: one mixture per value of a prompt feature under ``group_by``, learned from
+the features under ``group_by=auto``) lends it through ``sara.allocators.compose`` (``use_population``); the sampler
+then scores each candidate under its group's mixture times the prompt's own decayed likelihood, so an unseen prompt
+of a band that rarely mixes (always solved, never solved) is passed over before its first rollout. That is the
+default, ``population=allocator``; ``population=own`` keeps the sampler's Beta whoever it is composed with.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ class PredictiveSamplerConfig(SaraModel):
     population: Literal["own", "allocator"] = "allocator"
     """Prior under each prompt's history: 'allocator' (the default), the grid population an allocator lends through
     ``compose`` (``sara``'s, one mixture per prompt group under ``group_by``; see the module docstring), or the
-    sampler's Beta when none is lent (``ds``, ``uniform``); 'own', always the sampler's empirical-Bayes Beta (unseen
-    prompts score alike)."""
+    sampler's Beta when none is lent (``ds``, ``uniform``, ``sara`` on one population); 'own', always the sampler's
+    empirical-Bayes Beta (unseen prompts score alike)."""
 
 
 class PredictiveSampler(PromptSampler):
