@@ -8,9 +8,9 @@ is never worse than DS there (on a mostly-mixed population it never abandons and
 rule is a separate name, ``sara_paper`` (``sara.allocators.paper``).
 
 With a predictive sampler, ``sara.allocators.compose`` hands the sampler's per-prompt history to an allocator whose
-spec does not set ``prior`` (SARA + predictive selection in one switch) and lends the sampler this population prior
-back (``lend_population``), so prompts never drawn are selected by their group; with the pool's prompts, it splits
-the population prior by ``group_by``.
+spec does not set ``prior`` (SARA + predictive selection in one switch); with the pool's prompts, it splits the
+population prior by ``group_by``, and a split population is lent back to the sampler (``lend_population``), so prompts
+never drawn are selected by their group.
 """
 
 from __future__ import annotations
