@@ -21,18 +21,35 @@ import functools
 import importlib
 import inspect
 import re
+import reprlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-__all__ = ["Registry", "checked_call", "entry_point", "instance_of", "load_entry_point", "returns", "subclass_of",
-           "takes"]
+__all__ = ["Registry", "brief", "checked_call", "clip", "entry_point", "instance_of", "load_entry_point", "returns",
+           "subclass_of", "takes"]
 
 _MARK = "__sara_entry_point__"
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
 Accepts = Callable[[object], bool]
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """``text`` cut to about ``limit`` characters, saying how many were left out (error messages stay one line long
+    whatever they quote)."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def brief(obj: object, limit: int = 80) -> str:
+    """A bounded ``repr`` of ``obj`` for an error message (containers shortened element-wise, then ``clip``)."""
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = limit
+    return clip(r.repr(obj), limit)
 
 
 def load_entry_point(spec: str) -> object:

@@ -143,3 +143,71 @@ def test_light_imports() -> None:
             "print(sorted(m for m in ('math_verify', 'gymnasium', 'torch', 'sympy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _reverse_task(task_id: str = "test/Reverse-v0", size: int = 3000) -> Task:
+    prompts = [Prompt(id=f"r{i}", prompt=f"{'abc'[i % 3]}{'cab'[i % 2]}>", answer={"answer": "x"}) for i in range(size)]
+    return Task(id=task_id, prompts=prompts[100:], eval_prompts=prompts[:100],
+                verifier=lambda completion, *, answer: float(completion.strip() == answer))
+
+
+def test_a_task_object_registers_as_itself_and_refuses_options() -> None:
+    task = _reverse_task()
+    register_task("test/Reverse-v0", task)
+    try:
+        assert make_task("test/Reverse-v0") is task
+        with pytest.raises(ConfigError, match="takes no options") as err:
+            make_task("test/Reverse-v0", seed=1)
+        assert "\n" not in str(err.value) and len(str(err.value)) < 300
+        assert repr(task) == "Task(id='test/Reverse-v0', prompts=2900, eval_prompts=100, verifier=_reverse_task.<locals>.<lambda>)"
+    finally:
+        TASKS._items.pop("test/Reverse-v0", None)
+    with pytest.raises(TypeError, match="expected a Task, a factory") as err:
+        register_task("test/Bad-v0", [task.prompts] * 100)  # type: ignore[arg-type]
+    assert len(str(err.value)) < 300 and "test/Bad-v0" not in TASKS
+
+
+def test_task_errors_are_one_bounded_line() -> None:
+    task = _reverse_task(size=20_000)
+    TASKS.register("test/Raw-v0", task)  # straight into the registry: still the task itself
+    TASKS.register("test/NotCallable-v0", [task] * 1000)
+    TASKS.register("test/Sig-v0", lambda *, size: task)
+    try:
+        assert make_task("test/Raw-v0") is task
+        for spec in ("test/NotCallable-v0", "test/Sig-v0:size=1,colour=" + "x" * 5000):
+            with pytest.raises(ConfigError) as err:
+                make_task(spec)
+            assert "\n" not in str(err.value) and len(str(err.value)) < 600, len(str(err.value))
+    finally:
+        for name in ("test/Raw-v0", "test/NotCallable-v0", "test/Sig-v0"):
+            TASKS._items.pop(name, None)
+
+
+def test_train_config_takes_a_task_object() -> None:
+    from sara.train import TrainConfig
+
+    first, second = _reverse_task("test/Obj-v0"), _reverse_task("test/Obj-v0")
+    builtin = make_task("sara/Arithmetic-v0", pool_size=10, eval_size=2)
+    try:
+        cfg = TrainConfig(task=first)
+        assert cfg.task == "test/Obj-v0" and make_task(cfg.task) is first
+        assert TrainConfig(task=first).task == "test/Obj-v0"  # the same object: the same name
+        assert TrainConfig(task=second).task == "test/Obj-v0#2"  # another object: a new name, nothing replaced
+        assert make_task("test/Obj-v0") is first and make_task("test/Obj-v0#2") is second
+        spec = TrainConfig(task=builtin).task  # the id names a factory: the factory stays
+        assert spec == "sara/Arithmetic-v0#2" and make_task(spec) is builtin
+        assert len(make_task("sara/Arithmetic-v0", pool_size=5, eval_size=0).prompts) == 5
+    finally:
+        for name in ("test/Obj-v0", "test/Obj-v0#2", "sara/Arithmetic-v0#2"):
+            TASKS._items.pop(name, None)
+
+
+def test_the_tiny_policy_names_the_missing_alphabet_key() -> None:
+    pytest.importorskip("torch")
+    from sara.policies import make_tiny_policy_for_task
+
+    with pytest.raises(ConfigError) as err:
+        make_tiny_policy_for_task({}, task=_reverse_task())
+    msg = str(err.value)
+    assert "metadata key 'alphabet'" in msg and "metadata={'alphabet': '>abcx'}" in msg
+    assert msg.index("alphabet") < msg.index("smollm2") and "\n" not in msg and len(msg) < 600

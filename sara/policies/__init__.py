@@ -53,7 +53,8 @@ def make_tiny_policy_for_task(options: dict[str, Any] | None = None, *, task: An
 
 
 def _check_readable(task: Any, alphabet: str | None) -> None:
-    """A ``ConfigError`` when the tiny policy cannot read ``task``: chat prompts, or characters outside its alphabet."""
+    """A ``ConfigError`` when the tiny policy cannot read ``task``: chat prompts, or characters outside its alphabet
+    in a prompt or a reference answer (the message names the ``alphabet`` metadata key to declare)."""
     from sara.config import ConfigError
     from sara.policies.tiny_model import TinyConfig
 
@@ -62,9 +63,20 @@ def _check_readable(task: Any, alphabet: str | None) -> None:
         raise ConfigError(f"policy 'tiny': task {task.id!r} renders chat messages and the tiny policy reads plain "
                           f"text; {fix}")
     chars = set(alphabet or TinyConfig.model_fields["alphabet"].default)
-    for p in [*task.prompts, *task.eval_prompts]:
-        text = task.render(p)
-        missing = sorted(set(text) - chars) if isinstance(text, str) else []
-        if missing:
-            raise ConfigError(f"policy 'tiny': task {task.id!r} prompt {p.id!r} has characters outside the tiny "
-                              f"policy's alphabet {''.join(sorted(chars))!r}: {''.join(missing[:10])!r}; {fix}")
+    texts = [(p, what, text) for p in [*task.prompts, *task.eval_prompts]
+             for what, text in (("prompt", task.render(p)), ("answer", (p.answer or {}).get("answer")))
+             if isinstance(text, (str, int, float))]
+    needed = sorted({c for _, _, text in texts for c in str(text)})
+    for p, what, text in texts:
+        missing = sorted(set(str(text)) - chars)
+        if not missing:
+            continue
+        shown = "".join(sorted(chars))
+        where = (f"policy 'tiny': task {task.id!r} {what} of {p.id!r} has characters outside the tiny policy's "
+                 f"alphabet {shown[:80]!r}{' (the default)' if alphabet is None else ''}: {''.join(missing[:10])!r}")
+        if alphabet is None:
+            declare = "".join(needed[:80]) + ("..." if len(needed) > 80 else "")
+            raise ConfigError(f"{where}; declare the characters the task uses in its metadata key 'alphabet', e.g. "
+                              f"Task(..., metadata={{'alphabet': {declare!r}}}), or {fix.removeprefix('use ')}")
+        raise ConfigError(f"{where}; add them to the alphabet (the task's metadata key 'alphabet' or the policy "
+                          f"option alphabet), or {fix.removeprefix('use ')}")

@@ -88,9 +88,11 @@ class TrainConfig(SaraModel):
     seed: int = Field(0, ge=0)
     """Seed of rollouts, prompt order and mini-batch order."""
     task: str = "sara/Mixture-v0:components=arithmetic-bands,pool_size=1000,eval_size=200"
-    """Task id or spec, see ``sara.envs.tasks``. Default: a fixed pool of 1000 additions of two 1-, 2-, 3- and 4-digit
-    numbers (weights 0.08 / 0.37 / 0.3 / 0.25; docs/tasks.md): for the warm-started tiny policy most k-groups are
-    all right or all wrong, with a learnable band between, and a run makes several passes over the pool."""
+    """Task id or spec, see ``sara.envs.tasks``, or a ``Task`` object (registered by ``sara.envs.tasks.task_spec``
+    and replaced by the name it got: its id, or ``<id>#<n>`` when that id names something else). Default: a fixed
+    pool of 1000 additions of two 1-, 2-, 3- and 4-digit numbers (weights 0.08 / 0.37 / 0.3 / 0.25; docs/tasks.md):
+    for the warm-started tiny policy most k-groups are all right or all wrong, with a learnable band between, and a
+    run makes several passes over the pool."""
     policy: str = "tiny"
     """Policy spec: a factory name in ``sara.policies.POLICIES`` (or ``"module:attr"``), with options like every other
     spec, e.g. ``"hf:model=smollm2,dtype=float32"``."""
@@ -175,6 +177,13 @@ class TrainConfig(SaraModel):
             raise ValueError(f"{v!r} is not a run name: the default output directory is runs/<name>, so give a "
                              "non-empty relative name without '..' (or an output directory with --out)")
         return v
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_object(cls, v: Any) -> Any:
+        from sara.envs.tasks import Task, task_spec
+
+        return task_spec(v) if isinstance(v, Task) else v
 
     @field_validator("out_dir")
     @classmethod

@@ -12,6 +12,9 @@ A factory is any callable ``factory(**options) -> Task``; register one by object
 
     register_task("me/Palindrome-v0", "my_package.tasks:make_palindrome_task")
 
+A ``Task`` object registers as itself (``make_task`` returns it; it takes no options), and ``task_spec`` gives any
+``Task`` object a name a config can carry (``TrainConfig(task=<Task>)`` uses it).
+
 Built-in tasks are registered lazily, so ``import sara.envs.tasks`` imports neither math-verify nor gymnasium.
 """
 
@@ -24,9 +27,9 @@ from typing import Any
 
 from sara.config import ConfigError, parse_spec
 from sara.envs.tasks.base import Task, Verifier
-from sara.registry import Registry, returns
+from sara.registry import Registry, brief, clip, returns
 
-__all__ = ["TASKS", "Task", "Verifier", "make_task", "register_task", "task_ids"]
+__all__ = ["TASKS", "Task", "Verifier", "make_task", "register_task", "task_ids", "task_spec"]
 
 TASKS: Registry[Callable[..., Task]] = Registry(
     "task", accepts=returns(Task), expects="a function annotated '-> sara.envs.tasks.Task'")
@@ -36,20 +39,58 @@ marked ``@sara.registry.entry_point("task")``): it is kind-checked before it is 
 _ID = re.compile(r"^(?:[A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]+-v(?:0|[1-9][0-9]*)$")
 
 
-def register_task(task_id: str, factory: Callable[..., Task] | str, *, override: bool = False) -> None:
-    """Register a task factory (an object or a ``"module:attr"`` string) under a versioned id.
+class FixedTask:
+    """The factory of a registered ``Task`` object: returns that object and takes no options."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __call__(self) -> Task:
+        return self.task
+
+    def __repr__(self) -> str:
+        return f"FixedTask({self.task!r})"
+
+
+def register_task(task_id: str, factory: Callable[..., Task] | Task | str, *, override: bool = False) -> None:
+    """Register a task factory (an object or a ``"module:attr"`` string), or a ``Task`` object, under a versioned id.
 
     Args:
         task_id: ``"namespace/Name-vN"`` or ``"Name-vN"``; bump ``N`` whenever prompts or scoring change.
-        factory: ``factory(**options) -> Task`` or its ``"module:attr"`` entry point.
+        factory: ``factory(**options) -> Task``, its ``"module:attr"`` entry point, or a ``Task`` (``make_task``
+            then returns that object, and refuses options).
         override: Replace an existing registration.
 
     Raises:
         ValueError: The id is not versioned, or is already registered (and ``override`` is false).
+        TypeError: ``factory`` is neither a ``Task``, a callable nor a string.
     """
     if not isinstance(task_id, str) or not _ID.match(task_id):
-        raise ValueError(f"task id {task_id!r} must be versioned like 'namespace/Name-v0'")
+        raise ValueError(f"task id {brief(task_id)} must be versioned like 'namespace/Name-v0'")
+    if isinstance(factory, Task):
+        factory = FixedTask(factory)
+    elif not (callable(factory) or isinstance(factory, str)):
+        raise TypeError(f"register_task({task_id!r}, ...): expected a Task, a factory (**options) -> Task or a "
+                        f"'module:attr' string, got {brief(factory)}")
     TASKS.register(task_id, factory, override=override)
+
+
+def task_spec(task: Task) -> str:
+    """A registered name for the ``Task`` object ``task``, for a config's ``task`` field: its id when that id is free
+    or already names this object, else ``"<id>#<n>"`` (the first free ``n`` from 2), so no registration is replaced.
+    """
+    if not isinstance(task, Task):
+        raise TypeError(f"task_spec: expected a sara.envs.tasks.Task, got {brief(task)}")
+    n = 1
+    while True:
+        name = task.id if n == 1 else f"{task.id}#{n}"
+        entry = TASKS._items.get(name)
+        if entry is None:
+            TASKS.register(name, FixedTask(task))
+            return name
+        if entry is task or (isinstance(entry, FixedTask) and entry.task is task):
+            return name
+        n += 1
 
 
 def task_ids() -> list[str]:
@@ -72,10 +113,20 @@ def make_task(spec: str, **options: Any) -> Task:
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     kwargs = {**spec_options, **options}
+    if isinstance(factory, Task):  # put in the registry directly rather than through register_task
+        factory = FixedTask(factory)
+    if isinstance(factory, FixedTask):
+        if kwargs:
+            raise ConfigError(f"task {name!r} is a registered Task object and takes no options (got "
+                              f"{', '.join(sorted(kwargs))}); register a factory (**options) -> Task to take them")
+        return factory()
+    if not callable(factory):
+        raise ConfigError(f"task {name!r}: registered as {brief(factory)}, which is neither a Task nor a factory "
+                          "(**options) -> Task; register one of those")
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as exc:  # the factory cannot take these options (or is not a task factory)
-        raise ConfigError(f"task {name!r}: {exc}") from None
+        raise ConfigError(f"task {name!r}: {clip(str(exc))}") from None
     except ValueError:  # no signature to check (a builtin)
         pass
     task = factory(**kwargs)

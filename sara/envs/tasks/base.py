@@ -71,6 +71,11 @@ class Task:
         if not self.timeout_s > 0:
             raise ValueError(f"task {self.id!r}: timeout_s must be > 0, got {self.timeout_s!r}")
 
+    def __repr__(self) -> str:  # short: a pool of prompts must not end up in an error message
+        verifier = getattr(self.verifier, "__qualname__", None) or type(self.verifier).__name__
+        return (f"Task(id={self.id!r}, prompts={len(self.prompts)}, eval_prompts={len(self.eval_prompts)}, "
+                f"verifier={verifier})")
+
     def render(self, prompt: Prompt) -> str | list[dict[str, str]]:
         """The text (or chat messages) the model sees for ``prompt``."""
         if not isinstance(prompt.prompt, str):
