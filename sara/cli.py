@@ -2,7 +2,9 @@
 
 Each command lives in its own module under ``sara.commands`` exposing ``register(subparsers)``; the module adds its
 parser(s) and sets ``func`` (called with the parsed args, returns an exit code). ``build_parser`` then gives every
-parser the same help style (``HelpFormatter``): plain text, each default printed once.
+parser the same help style (``HelpFormatter``): plain text, each default printed once, and a description (its
+one-line help when the command gives none). An unknown option is reported with the usage of the (sub)command it
+was given to, and an error message is one bounded line (``MAX_ERROR_CHARS``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Iterator, Sequence
 COMMANDS: tuple[str, ...] = ("train", "matrix", "bench", "model")
 
 _RST = re.compile(r"``(.+?)``")
+MAX_ERROR_CHARS = 2000
+"""An error message longer than this is cut (``sara.registry.clip``): one line a person can read."""
 
 
 def plain(text: str) -> str:
@@ -60,29 +64,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sara", description="SARA, Sequential Adaptive Rollout Allocation for RL with verifiable rewards "
         "(arXiv:2607.26253). Run 'sara <command> --help' for a command's options.")
-    parser.add_argument("--version", action="version", version=f"sara {__version__}",
+    parser.add_argument("-V", "--version", action="version", version=f"sara {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name in COMMANDS:
         importlib.import_module(f"sara.commands.{name}").register(sub)
     for _, p in parsers(parser):
         p.formatter_class = HelpFormatter
+        p.set_defaults(_parser=p)  # the deepest parser a command line reached: its usage for an unknown option
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:  # a subcommand without a description gets its help line
+                    child = action.choices[choice.dest]
+                    if not child.description and choice.help:
+                        child.description = choice.help[0].upper() + choice.help[1:] + "."
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code (2 on a ``SaraError``)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the subcommand that was given them, with its usage (exits 2)
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
     from sara.config import SaraError
+    from sara.registry import clip
 
     try:
         return int(args.func(args) or 0)
     except SaraError as exc:
-        print(f"sara: error: {exc}", file=sys.stderr)
+        print(f"sara: error: {clip(str(exc), MAX_ERROR_CHARS)}", file=sys.stderr)
         return 2
 
 

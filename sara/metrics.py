@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "OutcomeCounts", "accuracy_keys", "read_jsonl", "deterministic_view", "plot_learning_curves",
-           "plot_matrix"]
+__all__ = ["MetricsLogger", "OutcomeCounts", "ROLLOUTS_PER_EFFECTIVE_GROUP", "accuracy_keys", "read_jsonl",
+           "deterministic_view", "metric_value", "plot_learning_curves", "plot_matrix"]
 
 
 class MetricsLogger:
@@ -28,12 +28,13 @@ class MetricsLogger:
         tensorboard: ``True``/``False``, or ``None`` = use it when ``torch.utils.tensorboard`` imports.
         resume_step: When resuming, drop records with ``step > resume_step`` (logged after the last checkpoint by
             the interrupted run) so the log reads as one uninterrupted run.
-        show: Metric keys shown on the progress bar, as ``{label: key}``.
+        show: Metrics shown on the progress bar, as ``{label: key}``; a key may be a pair ``(numerator,
+            denominator)`` of keys, shown as their ratio (e.g. cumulative rollouts per effective group).
     """
 
     def __init__(self, out_dir: str | Path, *, total_steps: int = 0, progress: bool = True,
                  tensorboard: bool | None = None, resume_step: int | None = None,
-                 show: Mapping[str, str] | None = None, print_every: int = 10) -> None:
+                 show: Mapping[str, str | tuple[str, str]] | None = None, print_every: int = 10) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -74,7 +75,8 @@ class MetricsLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(float(v)):
                     self._tb.add_scalar(k, float(v), step)
-        live = {label: _readable(metrics[key]) for label, key in self.show.items() if key in metrics}
+        shown = {label: metric_value(metrics, key) for label, key in self.show.items()}
+        live = {label: _readable(v) for label, v in shown.items() if v is not None}
         if self._bar is not None:  # the bar counts training steps: the step-0 record (initial evaluation) is not one
             self._bar.set_postfix(live, refresh=False)
             self._bar.update(max(0, int(step) - self._bar.n))
@@ -89,6 +91,21 @@ class MetricsLogger:
             self._tb.close()
         if self._bar is not None:
             self._bar.close()
+
+
+def metric_value(record: Mapping[str, Any], key: str | tuple[str, str]) -> float | None:
+    """``record[key]``, or for a pair ``(numerator, denominator)`` their ratio; None when a key is missing (or null)
+    or the denominator is 0."""
+    if isinstance(key, str):
+        value = record.get(key)
+        return None if value is None else float(value)
+    num, den = (record.get(k) for k in key)
+    return None if num is None or not den else float(num) / float(den)
+
+
+ROLLOUTS_PER_EFFECTIVE_GROUP = ("env/cum_rollouts", "env/cum_effective_groups")
+"""The run so far's rollouts per effective group (``metric_value``): what allocators differ in (k is the floor; DS
+pays k / P(mixed)), where the effective fraction of a filtered batch is 1 for every allocator that filters."""
 
 
 def _readable(v: Any) -> str:
@@ -151,28 +168,30 @@ def accuracy_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def plot_learning_curves(records: Sequence[Mapping[str, Any]], path: str | Path, *, title: str = "") -> Path:
-    """A 2x2 PNG: held-out accuracy (also per ``eval.by`` band, dashed), training reward, effective-group fraction,
-    rollouts per step.
+    """A 2x2 PNG: held-out accuracy (also per ``eval.by`` band, dashed), training reward, rollouts per effective
+    group (cumulative), rollouts per step.
 
     The x axis is cumulative rollouts (``env/cum_rollouts``), the currency allocation saves.
     """
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    panels = [
+    panels: list[tuple[str, list[str | tuple[str, str]]]] = [
         ("held-out accuracy", accuracy_keys(records)),
         ("training reward (committed groups)", ["env/reward_mean"]),
-        ("effective-group fraction", ["alloc/effective_fraction"]),
+        ("rollouts per effective group (cumulative)", [ROLLOUTS_PER_EFFECTIVE_GROUP]),
         ("rollouts per step", ["alloc/rollouts"]),
     ]
     for ax, (name, keys) in zip(axes.flat, panels):
         for key in keys:
-            pts = [(r["env/cum_rollouts"], r[key]) for r in records
-                   if key in r and r[key] is not None and "env/cum_rollouts" in r]
+            pts = [(r["env/cum_rollouts"], y) for r in records
+                   if (y := metric_value(r, key)) is not None and "env/cum_rollouts" in r]
             if pts:
                 xs, ys = zip(*pts)
-                band = key.startswith(BAND_PREFIX)
-                ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, ms=2 if band else 3,
-                        lw=0.8 if band else 1.5, ls="--" if band else "-", label=f"band {key.removeprefix(BAND_PREFIX)}" if band else key)
+                name = key if isinstance(key, str) else " / ".join(key)
+                band = name.startswith(BAND_PREFIX)
+                ax.plot(xs, ys, marker="o" if name.startswith("eval/") else None, ms=2 if band else 3,
+                        lw=0.8 if band else 1.5, ls="--" if band else "-",
+                        label=f"band {name.removeprefix(BAND_PREFIX)}" if band else name)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("cumulative rollouts")
         ax.grid(alpha=0.3)

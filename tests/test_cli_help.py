@@ -1,14 +1,17 @@
 """Every command's ``--help``: plain text (no reStructuredText markup), each default printed once, every option
-documented; ``sara --version``; the top-level and ``sara bench`` help name every subcommand."""
+documented, a description on every subcommand; ``sara --version`` and ``-V``; the top-level and ``sara bench`` help
+name every subcommand; ``--json FILE`` on every command that reports numbers; an unknown option shows its
+subcommand's usage; an error is one bounded line."""
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import pytest
 
 from sara import __version__
-from sara.cli import HelpFormatter, build_parser, main, parsers
+from sara.cli import MAX_ERROR_CHARS, HelpFormatter, build_parser, main, parsers, plain
 
 PATHS = [path for path, _ in parsers(build_parser())]
 
@@ -64,4 +67,54 @@ def test_version(capsys):
 def test_train_help_states_the_default_run_and_its_outputs():
     text = " ".join(_help("sara train").split())
     assert "about 40 s" in text and "--overwrite" in text and "tensorboard" in text
-    assert "(default: runs/<name>)" in text
+    assert "(default: runs/<name>, the config's name or one made of the algorithm, allocator, sampler" in text
+    assert "sara train --print-config" in text and "docs/training.md" in text  # where the --set keys are
+
+
+def test_version_short_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["-V"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"sara {__version__}"
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "sara"])
+def test_every_subcommand_has_a_description(path):
+    parser = dict(parsers(build_parser()))[path]
+    assert parser.description and parser.description.strip(), path
+    text = " ".join(_help(path).split())
+    assert " ".join(plain(parser.description).split())[:40] in text
+
+
+LEAVES = [path for path, p in parsers(build_parser())
+          if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions) and path != "sara"]
+
+
+@pytest.mark.parametrize("path", LEAVES)
+def test_every_command_that_reports_numbers_writes_json(path):
+    options = {o for a in dict(parsers(build_parser()))[path]._actions for o in a.option_strings}
+    assert ("--json" in options) == (path != "sara model prepare"), path  # model prepare reports a path only
+
+
+@pytest.mark.parametrize("argv", [["train", "--bogus"], ["bench", "allocation", "--zz", "1"], ["matrix", "-x"],
+                                  ["bench", "ray", "scaling", "--nope"]])
+def test_an_unknown_option_shows_its_subcommands_usage(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    command = " ".join(a for a in argv if not a.startswith("-") and not a.isdigit())
+    assert exc.value.code == 2 and err.startswith(f"usage: sara {command} "), err
+    assert f"sara {command}: error: unrecognized arguments: " in err
+
+
+def test_an_error_message_is_one_bounded_line(monkeypatch, capsys):
+    import sara.commands.train as train_command
+    from sara.config import ConfigError
+
+    def fail(args):
+        raise ConfigError("field 'task': " + "x" * 200_000)
+
+    monkeypatch.setattr(train_command, "run", fail)
+    assert main(["train"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sara: error: field 'task': xxx") and err.count("\n") == 1
+    assert len(err) < MAX_ERROR_CHARS + 100 and "more characters" in err

@@ -258,8 +258,11 @@ def test_the_trainer_splits_by_the_policys_representation(tmp_path: Path):
         assert np.allclose(prior.z[:, :-1], principal_components(embed(), 32))
         said: list[str] = []
         assert len(pool_embedder(trainer.env, announce=said.append)()) == len(trainer.env.prompts)
-        assert said == [f"embedded {len(trainer.env.prompts)} training prompts for sara:group_by=<embedding> "
-                        f"(TinyBackend, {said[0].rsplit(', ', 1)[1]}"]  # what `sara train` prints at its start
+        n = len(trainer.env.prompts)  # what `sara train` prints at its start: a line before, one after
+        assert said == [f"embedding {n} training prompts for sara:group_by=<embedding> (TinyBackend: one forward "
+                        "pass over the pool) ...",
+                        f"embedded {n} training prompts for sara:group_by=<embedding> "
+                        f"(TinyBackend, {said[1].rsplit(', ', 1)[1]}"]
         trainer.train()  # and it trains, the bands learned from the first step's outcomes
         assert trainer.step == 2 and len(np.unique(prior.labels)) > 1
     finally:
@@ -303,7 +306,7 @@ def test_a_backend_that_cannot_embed_gets_the_policys_representation(tmp_path: P
         embed = pool_embedder(trainer.env, fallback=policy_embedder(trainer.policy), announce=said.append)
         assert isinstance(prior, RepresentationPrior) and embed is not None
         assert np.allclose(prior.z[:, :-1], principal_components(embed(), 32))
-        assert len(said) == 1 and said[0].startswith("embedded 200 training prompts for sara:group_by=<embedding> "
+        assert len(said) == 2 and said[1].startswith("embedded 200 training prompts for sara:group_by=<embedding> "
                                                      "(PolicyEmbedder, ")  # the policy embedded them
     finally:
         trainer.close()

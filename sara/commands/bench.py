@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sara.commands.names import bench_allocation_out
 from sara.commands.output import Ticker, claim_dir, kv_table, progress, write_report
 from sara.config import validate_config
 
@@ -46,8 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", metavar="FILE", default=None,
                    help="write the JSON report here (default: DIR/allocation.json of --out)")
     p.add_argument("--plot", metavar="FILE", default=None, help="write the PNG plot here (default: beside the JSON)")
-    p.add_argument("--out", metavar="DIR", default="runs/bench-allocation",
-                   help="directory of the JSON report and plot when --json is not given")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="directory of the JSON report and plot when --json is not given (default: "
+                        "runs/bench-allocation, followed by the --allocators, --population and --sampler that differ "
+                        "from the defaults and a hash of the other options that do)")
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     p.set_defaults(func=_allocation)
 
@@ -108,7 +111,8 @@ def _allocation(args: argparse.Namespace) -> int:
         pool_size=args.pool_size, steps=args.steps, allocators=split_specs(args.allocators), sampler=args.sampler,
         pool_epochs=args.pool_epochs, drift=args.drift), what="bench allocation")
     json_path = Path(args.json_out) if args.json_out else claim_dir(
-        args.out, overwrite=args.overwrite, marker="allocation.json", what="sara bench allocation") / "allocation.json"
+        args.out or bench_allocation_out(args), overwrite=args.overwrite, marker="allocation.json",
+        what="sara bench allocation") / "allocation.json"
     report = run_allocation_bench(cfg, log=lambda line: progress("bench allocation", line))
     print(format_table(report))
     write_json(report, json_path)

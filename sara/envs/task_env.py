@@ -249,8 +249,9 @@ def pool_embedder(env: Any, fallback: EmbedsPrompts | None = None,
     """``embed() -> [pool, D]``: the backend's representation of every prompt of ``env``'s pool, rendered as it is for
     generation (``sara.envs.base.EmbedsPrompts``; what ``sara:group_by=<embedding>`` learns from), or ``fallback``'s
     when the backend cannot embed (the trainer passes its policy's, ``sara.backends.embed.policy_embedder``). None
-    when ``env`` (through any ``EnvWrapper``) is not a ``TaskEnv`` or neither can embed. ``announce`` gets one line
-    saying how many prompts were embedded and how long it took (the trainer's verbose setup messages)."""
+    when ``env`` (through any ``EnvWrapper``) is not a ``TaskEnv`` or neither can embed. ``announce`` gets a line
+    before the embedding starts (how many prompts, by what) and one after it (how long it took): the trainer's
+    verbose setup messages."""
     while isinstance(env, EnvWrapper):
         env = env.env
     if not isinstance(env, TaskEnv):
@@ -261,6 +262,9 @@ def pool_embedder(env: Any, fallback: EmbedsPrompts | None = None,
     task_env = env
 
     def embed() -> np.ndarray:
+        if announce is not None:
+            announce(f"embedding {len(task_env.prompts):,} training prompts for sara:group_by=<embedding> "
+                     f"({type(backend).__name__}: one forward pass over the pool) ...")
         start = time.perf_counter()
         out = backend.embed_prompts([task_env.render(RolloutRequest(unit_id=0, pool_index=i, prompt=p, seeds=()))
                                      for i, p in enumerate(task_env.prompts)])

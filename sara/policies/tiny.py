@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -182,12 +183,39 @@ def _warm_start_cached(policy: TinyPolicy, prompts: Sequence[Prompt], ws: WarmSt
         if verbose:
             goal = f"until the loss reaches {ws.target_loss}, at most {ws.steps} steps" if ws.target_loss else \
                 f"{ws.steps} supervised steps"
-            print(f"warm-starting the tiny policy ({goal}" + (f"; cached afterwards at {path})" if cache else ")"),
-                  flush=True)
-        losses = warm_start(policy, prompts, ws)
+            print(f"warm-starting the tiny policy ({goal}" + (f"; cached afterwards at {path}" if cache else "")
+                  + f"; a progress line every {PROGRESS_EVERY_S:.0f} s)", flush=True)
+        losses = warm_start(policy, prompts, ws, on_step=WarmStartProgress(ws) if verbose else None)
         if verbose:
             recent = float(np.mean(losses[-ws.loss_window:]))
             print(f"warm start done in {time.perf_counter() - t0:.0f} s ({len(losses)} steps, final loss "
                   f"{losses[-1]:.3f}, mean of the last {min(ws.loss_window, len(losses))} {recent:.3f})", flush=True)
         if cache:
             atomic_torch_save({"model": policy.state_dict(), "meta": json.loads(blob)}, path)
+
+
+PROGRESS_EVERY_S = 20.0
+"""Seconds between the warm start's progress lines (``make_tiny_policy(verbose=True)``)."""
+
+
+class WarmStartProgress:
+    """``warm_start``'s ``on_step``: every ``PROGRESS_EVERY_S`` seconds a line on stderr with the step, the recent
+    mean loss against the target, the seconds so far and the most the remaining steps can take at the pace so far."""
+
+    def __init__(self, ws: WarmStartConfig) -> None:
+        self.ws = ws
+        self.losses: list[float] = []
+        self.t0 = self.last = time.perf_counter()
+
+    def __call__(self, step: int, loss: float) -> None:
+        self.losses.append(loss)
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last, done = now, step + 1
+        recent = float(np.mean(self.losses[-self.ws.loss_window:]))
+        target = f" (target {self.ws.target_loss})" if self.ws.target_loss else ""
+        left = (self.ws.steps - done) * (now - self.t0) / done
+        print(f"[warm start] step {done:,} of at most {self.ws.steps:,}: mean loss {recent:.3f}{target}, "
+              f"{now - self.t0:.0f} s so far, at most about {left:.0f} s more", file=sys.stderr, flush=True)
+

@@ -199,7 +199,7 @@ class Trainer:
         SIGINT / SIGTERM (the first of them) end the run after the running step with a final checkpoint; the summary
         says which signal (``interrupted``). A checkpoint that cannot be written (e.g. a full disk) is a warning.
         """
-        from sara.metrics import MetricsLogger, plot_learning_curves, read_jsonl
+        from sara.metrics import ROLLOUTS_PER_EFFECTIVE_GROUP, MetricsLogger, plot_learning_curves, read_jsonl
         from sara.train.guards import StopSignals
 
         cfg = self.config
@@ -208,13 +208,15 @@ class Trainer:
                                tensorboard=cfg.tensorboard if log else False,
                                resume_step=self.step if self.resumed_from is not None else None,
                                show={"acc": "eval/acc_sample", "reward": "env/reward_mean",
-                                     "eff": "alloc/effective_fraction", "rollouts": "env/cum_rollouts"})
+                                     "rollouts/eff_group": ROLLOUTS_PER_EFFECTIVE_GROUP,
+                                     "rollouts": "env/cum_rollouts"})
         with StopSignals() as stop:
             self._loop(total, logger, stop)
         records = read_jsonl(logger.path)
         try:
             plot_learning_curves(records, self.out_dir / "learning_curve.png",
-                                 title=f"{cfg.algo} + {cfg.allocator} on {cfg.task}")
+                                 title=f"{cfg.algo} + {cfg.allocator}"
+                                 f"{'' if cfg.sampler.strip() == 'uniform' else '@' + cfg.sampler} on {cfg.task}")
         except ImportError:  # matplotlib is optional
             pass
         summary = self.summary(records)
