@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "OutcomeCounts", "ROLLOUTS_PER_EFFECTIVE_GROUP", "accuracy_keys", "read_jsonl",
+__all__ = ["MetricsLogger", "OutcomeCounts", "PROGRESS_FIELDS", "ROLLOUTS_PER_EFFECTIVE_GROUP", "accuracy_keys", "read_jsonl",
            "deterministic_view", "metric_value", "plot_learning_curves", "plot_matrix"]
 
 
@@ -106,6 +106,12 @@ def metric_value(record: Mapping[str, Any], key: str | tuple[str, str]) -> float
 ROLLOUTS_PER_EFFECTIVE_GROUP = ("env/cum_rollouts", "env/cum_effective_groups")
 """The run so far's rollouts per effective group (``metric_value``): what allocators differ in (k is the floor; DS
 pays k / P(mixed)), where the effective fraction of a filtered batch is 1 for every allocator that filters."""
+
+PROGRESS_FIELDS: dict[str, str | tuple[str, str]] = {
+    "acc": "eval/acc_sample", "reward": "env/reward_mean", "rollouts/eff_group": ROLLOUTS_PER_EFFECTIVE_GROUP,
+    "rollouts": "env/cum_rollouts"}
+"""The training progress bar's fields (``MetricsLogger(show=...)``): the last held-out accuracy, the step's mean
+reward, the run's rollouts per effective group so far, its cumulative rollouts."""
 
 
 def _readable(v: Any) -> str:

@@ -199,17 +199,14 @@ class Trainer:
         SIGINT / SIGTERM (the first of them) end the run after the running step with a final checkpoint; the summary
         says which signal (``interrupted``). A checkpoint that cannot be written (e.g. a full disk) is a warning.
         """
-        from sara.metrics import ROLLOUTS_PER_EFFECTIVE_GROUP, MetricsLogger, plot_learning_curves, read_jsonl
+        from sara.metrics import PROGRESS_FIELDS, MetricsLogger, plot_learning_curves, read_jsonl
         from sara.train.guards import StopSignals
 
         cfg = self.config
         total = self._horizon = cfg.steps if steps is None else steps
         logger = MetricsLogger(self.out_dir, total_steps=total, progress=cfg.progress and log,
                                tensorboard=cfg.tensorboard if log else False,
-                               resume_step=self.step if self.resumed_from is not None else None,
-                               show={"acc": "eval/acc_sample", "reward": "env/reward_mean",
-                                     "rollouts/eff_group": ROLLOUTS_PER_EFFECTIVE_GROUP,
-                                     "rollouts": "env/cum_rollouts"})
+                               resume_step=self.step if self.resumed_from is not None else None, show=PROGRESS_FIELDS)
         with StopSignals() as stop:
             self._loop(total, logger, stop)
         records = read_jsonl(logger.path)
