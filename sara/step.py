@@ -102,6 +102,7 @@ class StepState:
         self.born = np.zeros(0, np.int64)  # step each unit was first admitted (earlier for carried units)
         self.carried_in = self.carried_out = 0  # delivered rollouts of carried units, received / handed on
         self.carried_in_tokens = self.carried_out_tokens = 0
+        self.carried_in_prompt_tokens = self.carried_out_prompt_tokens = 0
         self.exhausted = False
         self._seen: dict[int, int] = defaultdict(int)
         self.timer = timer or PhaseTimer()  # drivers time the allocator ("allocator") and the environment ("env")
@@ -150,6 +151,7 @@ class StepState:
             self._seen[p] += 1
         self.carried_in += sum(len(r) for r in rollouts)
         self.carried_in_tokens += sum(x.num_tokens for r in rollouts for x in r)
+        self.carried_in_prompt_tokens += sum(_prompt_len(x) for r in rollouts for x in r)
         self._append(occ, np.asarray(started, np.int64), np.asarray(born, np.int64), [list(r) for r in rollouts])
 
     def _append(self, occ: np.ndarray, started: np.ndarray, born: np.ndarray, rollouts: list[list[Rollout]]) -> None:
@@ -165,6 +167,7 @@ class StepState:
         self.is_closed[unit_ids] = True
         self.carried_out += sum(len(self.rollouts_of[u]) for u in unit_ids.tolist())
         self.carried_out_tokens += sum(x.num_tokens for u in unit_ids.tolist() for x in self.rollouts_of[u])
+        self.carried_out_prompt_tokens += sum(_prompt_len(x) for u in unit_ids.tolist() for x in self.rollouts_of[u])
 
     def launch(self, unit_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(seeds, j)`` of one new rollout per entry of ``unit_ids`` (repeats allowed): rollout ``j`` of a unit (its
@@ -205,7 +208,7 @@ class StepState:
     def result(self, stop: str) -> CollectResult:
         """The step's ``CollectResult``; raises if a rollout was lost or counted twice."""
         eff = [g for g in self.committed if g.is_effective(self.eps)]
-        sums = {name: (sum(g.size for g in gs), sum(g.num_tokens for g in gs))
+        sums = {name: (sum(g.size for g in gs), sum(g.num_tokens for g in gs), sum(g.prompt_tokens for g in gs))
                 for name, gs in (("c", self.committed), ("a", self.abandoned), ("d", self.discarded))}
         extra: dict[str, Any] = {}
         for obs in self.observers:
@@ -216,7 +219,9 @@ class StepState:
             committed_groups=len(self.committed), effective_groups=len(eff), abandoned_groups=len(self.abandoned),
             discarded_groups=len(self.discarded), committed_rollouts=sums["c"][0], abandoned_rollouts=sums["a"][0],
             discarded_rollouts=sums["d"][0], committed_tokens=sums["c"][1], abandoned_tokens=sums["a"][1],
-            discarded_tokens=sums["d"][1], prompts_drawn=self.drawn, stop_reason=stop,
+            discarded_tokens=sums["d"][1],
+            prompt_tokens=sum(v[2] for v in sums.values()) + self.carried_out_prompt_tokens
+            - self.carried_in_prompt_tokens, prompts_drawn=self.drawn, stop_reason=stop,
             target_groups=self.target_groups, allocator_seconds=self.timer.seconds["allocator"],
             env_seconds=self.timer.seconds["env"],
             decisions=int(self.allocator.metrics().get("alloc/decisions", 0.0) - self._decisions0),
@@ -257,3 +262,7 @@ class StreamCarry:
     def delivered(self) -> int:
         """Delivered rollouts of the carried units."""
         return sum(len(r) for r in self.rollouts)
+
+
+def _prompt_len(r: Rollout) -> int:
+    return len(r.prompt_token_ids) if r.prompt_token_ids is not None else 0

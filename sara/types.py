@@ -157,6 +157,12 @@ class Group:
         """Total generated tokens in the group."""
         return sum(r.num_tokens for r in self.rollouts)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens the engine read for the group's rollouts: each rollout's ``prompt_token_ids`` (0 for a
+        rollout whose backend reports none)."""
+        return sum(len(r.prompt_token_ids) for r in self.rollouts if r.prompt_token_ids is not None)
+
     def is_effective(self, eps: float = 1e-6) -> bool:
         """True when the group carries a gradient signal: size >= 2 and reward std > ``eps``.
 
@@ -173,6 +179,7 @@ class CollectStats:
 
         rollouts == committed_rollouts + abandoned_rollouts + discarded_rollouts   (+ carried_out - carried_in)
         tokens   == committed_tokens   + abandoned_tokens   + discarded_tokens     (when nothing is carried)
+        tokens started == tokens + aborted_tokens (streaming: an aborted rollout's tokens are in no group)
         rollouts <= max_rollouts (when a budget was given)
 
     Attributes:
@@ -189,6 +196,9 @@ class CollectStats:
         committed_tokens: Tokens in committed groups.
         abandoned_tokens: Tokens in abandoned units.
         discarded_tokens: Tokens in discarded units.
+        prompt_tokens: Prompt (prefill) tokens of the rollouts generated in this step, counted once per rollout as the
+            engine received it (an engine that caches a shared prefix computes fewer); 0 for rollouts whose backend
+            reports no prompt token ids (the simulator).
         prompts_drawn: Fresh prompts admitted from the sampler.
         stop_reason: Why the loop stopped: ``target_reached``, ``max_rollouts``, ``max_step_rollouts`` (the driver's
             bound against steps where nothing is effective), ``max_rounds``, ``pool_exhausted``, ``allocator_done``
@@ -234,6 +244,7 @@ class CollectStats:
     committed_tokens: int = 0
     abandoned_tokens: int = 0
     discarded_tokens: int = 0
+    prompt_tokens: int = 0
     prompts_drawn: int = 0
     stop_reason: str = ""
     target_groups: int = 0

@@ -161,7 +161,14 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
     assert _ci({"mean": 0.01834, "half": 0.00102}, "#.3g") == "0.0183 ± 0.00102"  # the tiny policy's ~10 ms
     assert "| 33.3 | 4.5 ± " in text and "| 30.0 | 3.0 ± 0.0 |" in text
     assert "| **ds** (ref) |" in text and "1/2" in text and "2/2" in text
-    assert "0.725 ± " in text and "≥ 250 ± " in text and "0.45*" in text
+    assert "0.725 ± " in text and "≥ 250 ± " in text
+    # every measure to target against the reference's, with the interval propagated from both means' intervals
+    ref_half, own_half = t_interval([300, 200])[1], t_interval([150, 75])[1]
+    want = 0.45 * math.sqrt((own_half / 112.5) ** 2 + (ref_half / 250) ** 2)
+    for key in ("rollouts", "tokens", "wall_s"):  # tokens and seconds grow like rollouts in these curves
+        assert sara["aggregate"][f"{key}_ratio"] == pytest.approx(0.45)
+        assert sara["aggregate"][f"{key}_ratio_half"] == pytest.approx(want)
+    assert text.count(f"0.45 ± {want:.2f}*") == 3  # censored: DS's seed 0 never reaches the target
     assert "0.0238" in text and "0.0477" in text  # sqrt(.65 x .35 / 400), sqrt(.65 x .35 / 100)
     paths = write_outputs(report, tmp_path)
     data = json.loads(paths["json"].read_text())
@@ -170,7 +177,38 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
     # accuracy vs training seconds: every seed's curve on one grid up to the longest run (3 s), flat after its end
     assert sara["band_seconds"]["x"][-1] == 3 and sara["band_seconds"]["hi"][-1] == 0.75
     pytest.importorskip("matplotlib")
-    assert paths["png"].stat().st_size > 0 and paths["png_seconds"].stat().st_size > 0
+    assert sara["band_tokens"]["x"][-1] == 3000 and sara["band_tokens"]["hi"][-1] == 0.75
+    assert all(paths[key].stat().st_size > 0 for key in ("png", "png_seconds", "png_tokens"))
+
+
+def test_ratio_interval_propagates_both_sides():
+    from sara.experiments.matrix_report import ratio_interval
+
+    r, half = ratio_interval({"mean": 6.0, "half": 0.6}, {"mean": 10.0, "half": 0.8})
+    assert r == pytest.approx(0.6) and half == pytest.approx(0.6 * math.sqrt(0.01 + 0.0064))
+    assert math.isnan(ratio_interval({"mean": 6.0, "half": math.nan}, {"mean": 10.0, "half": 0.8})[1])
+    assert all(math.isnan(x) for x in ratio_interval({"mean": 6.0, "half": 0.1}, {"mean": math.nan, "half": 0.1}))
+
+
+def test_the_report_says_where_the_tokens_go_by_fate():
+    from sara.experiments.matrix_report import analyze, format_report
+
+    runs = _synthetic_runs()
+    assert "Where the tokens go" not in format_report(analyze(runs, budget=300))  # runs without the accounting
+    for i, (_, r) in enumerate(runs):
+        r["tokens_by_fate"] = {"committed": 2000, "abandoned": 600 + 100 * i, "discarded": 400 - 100 * i,
+                               "aborted": 50}
+        r["prompt_tokens"], r["trained_tokens"] = 9000, 1900
+    report = analyze(runs, budget=300)
+    ds, sara = (c["aggregate"]["tokens"] for c in report["cells"])
+    # SARA: 18 effective groups over its two seeds, 6,000 generated tokens
+    assert sara["generated_per_effective_group"] == pytest.approx(6000 / 18)
+    assert sara["abandoned_per_effective_group"] == pytest.approx(1700 / 18)
+    assert sara["aborted_per_effective_group"] == pytest.approx(100 / 18)
+    assert sara["prompt_per_effective_group"] == pytest.approx(18000 / 18)
+    assert ds["trained_per_effective_group"] == pytest.approx(3800 / 20) and ds["generated_per_rollout"] == 10
+    text = format_report(report)
+    assert "| sara@predictive | 333 | 222 | 94 | 17 | 6 | 1,000 | 211 | 10.0 |" in text
 
 
 def test_the_report_says_where_the_training_seconds_go_pooled_over_seeds():
@@ -194,8 +232,10 @@ def test_the_report_says_where_the_training_seconds_go_pooled_over_seeds():
     assert sara["banked_per_step"] == pytest.approx(10 / 9) and sara["group_reward_var"] == pytest.approx(14.4 / 72)
     assert ds["rollouts_per_round"] == pytest.approx(600 / 18) and ds["group_reward_var"] == pytest.approx(9.6 / 48)
     text = format_report(report)
-    assert "| sara@predictive | 0.333 | 1.000 | 0.0100 | 12.0 | 5.56 | 1.11 | 0.200 |" in text
-    assert "| ds | 0.450 | 0.750 | 0.0150 | 33.3 | 3.00 | 0.50 | 0.200 |" in text
+    # collection seconds per 1,000 generated tokens: 6 s over 6,000 tokens against DS's 9 s over 6,000
+    assert sara["collect_s_per_token"] == pytest.approx(1e-3) and sara["collect_s_per_token_ratio"] == pytest.approx(2 / 3)
+    assert "| sara@predictive | 0.333 | 1.000 | 0.0100 | 1.00 | 0.67 | 12.0 | 5.56 | 1.11 | 0.200 |" in text
+    assert "| ds | 0.450 | 0.750 | 0.0150 | 1.50 | 1.00 | 33.3 | 3.00 | 0.50 | 0.200 |" in text
 
 
 def test_the_report_tabulates_final_accuracy_per_band():

@@ -18,6 +18,7 @@ from sara.types import Prompt
 # Small options and a known-correct completion per built-in task (a new built-in task must add its entry here).
 SMALL: dict[str, dict[str, Any]] = {
     "sara/Arithmetic-v0": {"pool_size": 40, "eval_size": 8},
+    "sara/Chain-v0": {"pool_size": 40, "eval_size": 8},
     "sara/Countdown-v0": {"pool_size": 40, "eval_size": 8},
     "sara/GSM8K-v0": {"eval_size": 2},
     "sara/MATH-v0": {"eval_size": 4},
@@ -26,6 +27,7 @@ SMALL: dict[str, dict[str, Any]] = {
 }
 REFERENCE: dict[str, Callable[[Prompt], str]] = {
     "sara/Arithmetic-v0": lambda p: f"{p.answer['answer']}\n",
+    "sara/Chain-v0": lambda p: f" the steps. answer: {p.answer['answer']}\n",
     "sara/Countdown-v0": lambda p: f"<think>try</think> <answer> {p.metadata['solution']} </answer>",
     "sara/GSM8K-v0": lambda p: str(p.metadata["solution"]),
     "sara/MATH-v0": lambda p: f"We find the answer is $\\boxed{{{p.answer['answer']}}}$.",

@@ -9,20 +9,28 @@ the rollouts, tokens and training seconds to first reach the target accuracy (de
 final accuracy, ``ds``; ``--target-acc`` fixes it), with the ratio to the reference. Outputs in ``--out`` (default
 ``runs/matrix``, ``runs/matrix-quick`` with ``--quick``, followed by the options that differ from the defaults,
 ``sara.commands.names``; ``--json FILE`` writes the report there too): ``matrix.md``, ``matrix.json`` (per-seed and
-aggregate), ``matrix.png`` and ``matrix_seconds.png`` (mean curve and min-max band per cell against rollouts and
-against training seconds) and ``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel processes, one per core by
+aggregate), ``matrix.png``, ``matrix_seconds.png`` and ``matrix_tokens.png`` (mean curve and min-max band per cell
+against rollouts, training seconds and generated tokens) and ``cells/<cell>/seed<s>/metrics.jsonl``. Runs go in parallel processes, one per core by
 default.
+
+``--out`` is locked while the matrix runs (a second matrix there is refused). Ctrl-C or SIGTERM stops it within
+seconds (worker processes included) and reports no result: ``matrix.md`` lists the unfinished runs, and the same
+command run again keeps the finished runs and trains the others (another matrix on that ``--out`` is refused unless
+``--overwrite``).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from typing import Any
 
 from sara.commands.names import matrix_out
-from sara.commands.output import Ticker, claim_dir, write_report
+from sara.commands.output import Ticker, claim_dir, remove_entries, write_report
 from sara.experiments.matrix import parse_cells, run_matrix
 from sara.experiments.matrix_report import format_report
+from sara.experiments.matrix_runs import PLAN_NAME, MatrixInterrupted
 
 __all__ = ["register", "run", "run_matrix", "QUICK", "format_report", "parse_cells"]
 
@@ -43,6 +51,10 @@ docs/tasks.md)."""
 
 PROGRESS_EVERY_S = 60.0
 """Seconds between ``sara matrix``'s "running" lines on stderr."""
+
+MATRIX_FILES = ("matrix.json", "matrix.md", "matrix.png", "matrix_seconds.png", "matrix_tokens.png", PLAN_NAME,
+                "cells")
+"""What a matrix writes in ``--out`` (``--overwrite`` removes these first)."""
 
 
 def register(subparsers: Any) -> None:
@@ -81,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from sara.config import ConfigError
     from sara.train import apply_overrides, load_config
 
-    for field in ("steps", "seeds"):
+    for field in ("steps", "seeds", "workers"):
         value = getattr(args, field)
         if value is not None and value < 1:
             raise ConfigError(f"matrix: field '{field}': must be >= 1 (got {value})")
@@ -97,16 +109,25 @@ def run(args: argparse.Namespace) -> int:
     if args.driver:
         args.overrides = [f"driver.barrier={str(args.driver == 'sync').lower()}", *args.overrides]
     base = load_config(None, args.overrides, base=base.model_dump())
-    out = claim_dir(args.out or matrix_out(args), overwrite=args.overwrite,
-                    marker="matrix.json", what="sara matrix", replace=("matrix.json", "matrix.md", "matrix.png",
-                                                                        "matrix_seconds.png", "cells"))
-    every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
-    with Ticker("sara matrix", every=PROGRESS_EVERY_S):  # a "running" line between the finished runs' lines
-        report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds,
-                            workers=args.workers, eval_every=every, reference=reference,
-                            target_acc=args.target_acc, command="sara matrix " + " ".join(_argv(args)))
+    # The run lock first: nothing in --out is removed while another matrix holds it.
+    lock = claim_dir(args.out or matrix_out(args), overwrite=args.overwrite,
+                     marker="matrix.json", what="sara matrix", replace=MATRIX_FILES)
+    out = lock.directory
+    try:
+        if args.overwrite:  # an unfinished matrix too (no matrix.json yet)
+            remove_entries(out, MATRIX_FILES)
+        every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
+        with Ticker("sara matrix", every=PROGRESS_EVERY_S):  # a "running" line between the finished runs' lines
+            report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds,
+                                workers=args.workers, eval_every=every, reference=reference,
+                                target_acc=args.target_acc, command="sara matrix " + " ".join(_argv(args)))
+    except MatrixInterrupted as exc:
+        print(f"sara matrix: {exc} (unfinished: {', '.join(exc.unfinished)})", file=sys.stderr, flush=True)
+        return 128 + int(signal.Signals[exc.signal_name])
+    finally:
+        lock.release()
     print(format_report(report))
-    print(f"wrote {out / 'matrix.md'}, {out / 'matrix.png'}, {out / 'matrix_seconds.png'}, {out / 'matrix.json'}")
+    print(f"wrote {out / 'matrix.md'}, {out / 'matrix.png'} (and _seconds, _tokens), {out / 'matrix.json'}")
     if args.json_out:
         write_report(report, args.json_out)
     return 0

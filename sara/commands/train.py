@@ -9,7 +9,9 @@ allocator, sampler, task, seed; ``sara.commands.names``): ``metrics.jsonl`` (one
 ``learning_curve.png``, ``checkpoints/`` when ``checkpoint_every`` is set (or a signal stops the run) and ``tb/``
 (TensorBoard) when the ``tensorboard`` extra is installed; the summary lists every file written, and ``--json FILE``
 writes it as JSON. A directory that already holds a run is refused unless ``--overwrite`` (replace it) or
-``--resume`` (continue it).
+``--resume`` (continue it); the run lock is taken before either, so a directory another run holds is refused with
+nothing in it touched. ``--resume`` of a directory without a run, or of a run without a usable checkpoint, is refused
+and keeps its files.
 """
 
 from __future__ import annotations
@@ -79,16 +81,22 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if cfg.threads is None:
         cfg = cfg.model_copy(update={"threads": default_threads()})
-    if not args.resume:
-        from sara.commands.output import claim_dir
+    from sara.commands.output import claim_dir
+    from sara.config import ConfigError
 
-        claim_dir(cfg.output_dir, overwrite=args.overwrite, marker="metrics.jsonl", what="sara train",
-                  replace=RUN_FILES, resume_hint=True)
-    print(f"sara train: {run_label(cfg.algo, cfg.allocator, cfg.sampler)} on {cfg.task} ({cfg.policy} policy, "
-          f"{cfg.backend} backend), "
-          f"{cfg.steps} steps x {cfg.groups_per_step} groups of k={cfg.k} -> {cfg.output_dir}", flush=True)
-    with Trainer(cfg, resume=args.resume, verbose=True) as trainer:
-        summary = trainer.train()
+    if args.resume and args.overwrite:
+        raise ConfigError("sara train: give --resume (continue the run in --out) or --overwrite (replace it), not both")
+    # The run lock first: --overwrite removes a previous run only when no live run holds the directory.
+    lock = claim_dir(cfg.output_dir, overwrite=args.overwrite, marker="metrics.jsonl", what="sara train",
+                     replace=RUN_FILES, resume_hint=True, resume=args.resume, field="out_dir", config="train config")
+    try:
+        print(f"sara train: {run_label(cfg.algo, cfg.allocator, cfg.sampler)} on {cfg.task} ({cfg.policy} policy, "
+              f"{cfg.backend} backend), "
+              f"{cfg.steps} steps x {cfg.groups_per_step} groups of k={cfg.k} -> {cfg.output_dir}", flush=True)
+        with Trainer(cfg, resume=args.resume, verbose=True, run_lock=lock) as trainer:
+            summary = trainer.train()
+    finally:
+        lock.release()
     seconds = time.perf_counter() - started
     print(format_summary(summary, k=cfg.k, sampler=cfg.sampler, command_seconds=seconds))
     if args.json_out:
@@ -135,6 +143,14 @@ def summary_report(s: Any, cfg: Any, command_seconds: float) -> dict[str, Any]:
     return finite(report)
 
 
+def _fates(s: Any) -> str:
+    """``tokens (committed / abandoned / discarded)``, plus the aborted rollouts' tokens when there are any."""
+    f = s.tokens_by_fate or {"committed": s.tokens - s.abandoned_tokens, "abandoned": s.abandoned_tokens,
+                             "discarded": 0}
+    text = f"{s.tokens:,} ({f.get('committed', 0):,} / {f.get('abandoned', 0):,} / {f.get('discarded', 0):,})"
+    return text + (f"; {f['aborted']:,} more in aborted rollouts" if f.get("aborted") else "")
+
+
 def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds: float | None = None) -> str:
     """A markdown table of a ``RunSummary`` (``sampler``: the run's, named in the header; ``command_seconds``: the
     whole command's wall time, shown beside the training's)."""
@@ -149,8 +165,8 @@ def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds:
     rows += [
         ("training steps", f"{s.steps}"),
         ("rollouts spent", f"{s.rollouts:,}"),
-        ("tokens generated", f"{s.tokens:,}"),
-        ("tokens spent on abandoned prompts", f"{s.abandoned_tokens:,}"),
+        ("tokens generated (committed / abandoned / discarded)", _fates(s)),
+        ("prompt (prefill) tokens / trained completion tokens", f"{s.prompt_tokens:,} / {s.trained_tokens:,}"),
         ("effective-group fraction of the batch", f"{_pct(s.effective_fraction)} "
                                                   f"({s.effective_groups:,} of {s.committed_groups:,} groups)"),
         ("rollouts per effective group (k = " + str(k) + " is the floor)",
@@ -168,6 +184,8 @@ def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds:
         if not math.isnan(ds_tok) and ds_tok > 0:
             rows.append(("tokens saved vs DS (est., same tokens per rollout)",
                          f"{ds_tok - s.tokens:,.0f} ({_pct((ds_tok - s.tokens) / ds_tok)})"))
+    if s.seconds_by_phase:
+        rows.append(("training seconds by phase", ", ".join(f"{p} {v:.1f}" for p, v in s.seconds_by_phase.items())))
     wall = f"{s.wall_seconds:.0f} s"
     if command_seconds is not None:
         wall = f"{command_seconds:.0f} s, the whole command ({wall} in training steps and evaluations)"

@@ -3,21 +3,22 @@
 A cell is an algorithm and an ``ALLOCATOR[@SAMPLER]`` spec (``parse_cells``); every cell runs seeds
 ``base.seed .. base.seed + seeds - 1`` (``TrainConfig.seed``: rollouts, prompt order, mini-batch order and the
 evaluation's samples; the starting weights are the same for every seed). ``run_matrix`` trains all runs in parallel
-processes and hands them to ``sara.experiments.matrix_report``, which measures them (``sara.experiments.curves``) and
-writes ``matrix.json``, ``matrix.md``, ``matrix.png`` and ``matrix_seconds.png``.
+processes (``sara.experiments.matrix_runs``: stopped by SIGINT / SIGTERM with no result reported, resumed by a rerun)
+and hands them to ``sara.experiments.matrix_report``, which measures them (``sara.experiments.curves``) and writes
+``matrix.json``, ``matrix.md``, ``matrix.png``, ``matrix_seconds.png`` and ``matrix_tokens.png``.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from sara.config import ConfigError, parse_spec
+from sara.experiments.matrix_runs import MatrixInterrupted, claim_plan, run_all, save_result
 
 __all__ = ["Cell", "PHASE_KEYS", "parse_specs", "parse_cells", "run_matrix"]
 
@@ -112,17 +113,32 @@ def parse_cells(algos: str | Sequence[str], allocators: str | Sequence[str]) -> 
     return cells
 
 
-def _run_one(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Worker: train one run (in a fresh process); its summary plus the columnar eval curve.
+def _run_one(cfg: dict[str, Any], stopped: Callable[[], str | None] = lambda: None) -> dict[str, Any] | str:
+    """Worker: train one run; its summary plus the columnar eval curve, also written to its ``result.json``; or
+    the name of the signal that stopped it (unfinished: no ``result.json``).
 
+    A run a signal stopped earlier continues from its checkpoint; one without a usable checkpoint starts over.
     ``curve["wall_s"]`` is training seconds (the sum of ``time/step``: collect, advantages, update, sync), without
     the time spent evaluating.
     """
+    import shutil
+
     from sara.metrics import read_jsonl
     from sara.train import Trainer
+    from sara.train.checkpoint import CheckpointError, list_checkpoints
 
-    with Trainer(cfg) as trainer:
+    ckpts = Path(cfg["out_dir"]) / "checkpoints"
+    try:
+        trainer = Trainer(cfg, resume=bool(list_checkpoints(ckpts)))
+    except CheckpointError:  # none of its checkpoints can be used: start over
+        shutil.rmtree(ckpts, ignore_errors=True)
+        trainer = Trainer(cfg)
+    with trainer:
+        if stopped() is not None:
+            return str(stopped())
         summary = trainer.train()
+    if summary.interrupted:
+        return summary.interrupted
     out = asdict(summary)
     curve: dict[str, list[float]] = {"step": [], "rollouts": [], "tokens": [], "wall_s": [], "acc": []}
     phases = dict.fromkeys(PHASE_KEYS, 0.0)
@@ -145,7 +161,7 @@ def _run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     out["curve"] = curve
     out["phases"] = phases
     out["seed"] = int(cfg["seed"])
-    return out
+    return save_result(cfg, out)
 
 
 def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, out_dir: str | Path, seeds: int = 1,
@@ -160,7 +176,8 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
         steps: Uniform-allocation steps defining the budget (``steps x groups_per_step x k`` rollouts), unless
             ``base`` sets ``rollout_budget``. A run stops when its budget is spent (at most ``2 x steps`` steps).
         out_dir: Output directory (``matrix.json``, ``matrix.md``, ``matrix.png``, ``matrix_seconds.png``,
-            ``cells/<name>/seed<s>/``).
+            ``matrix-plan.json``, ``cells/<name>/seed<s>/`` with each finished run's ``result.json``); the command
+            holds its run lock.
         seeds: Seeds per cell (``base.seed + 0 .. seeds - 1``).
         workers: Parallel processes (default: one per core, at most one per run).
         eval_every: Evaluate every this many steps (default: ``steps // 3``, so every curve has a few points).
@@ -171,6 +188,10 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
 
     Returns:
         The report (``sara.experiments.matrix_report.analyze``), also written to ``matrix.json``.
+
+    Raises:
+        ConfigError: ``out_dir`` holds an unfinished matrix planned differently (``matrix_runs.claim_plan``).
+        MatrixInterrupted: a signal stopped it; ``matrix.md`` then lists the unfinished runs and nothing else.
     """
     from sara.config import validate_config
     from sara.envs.tasks import make_task
@@ -221,20 +242,18 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
                           "held-out accuracy; hold some out with the task option eval_size=N")
     policy_name, policy_options = base_cfg.component("policy")
     POLICIES.get(policy_name)(policy_options, task=task, seed=base_cfg.seed, verbose=True)
+    earlier = claim_plan(out, [(cell.name, cfg["seed"], cfg) for cell, cfg in runs])
     print(f"sara matrix: {len(cells)} cells x {seeds} seed(s), budget {budget:,} rollouts each, {workers} worker(s) "
-          f"x {threads} thread(s) -> {out}", flush=True)
-    results: list[dict[str, Any]] = []
-    if workers == 1:
-        for cell, cfg in runs:
-            results.append(_run_one(cfg))
-            _report(cell, results[-1])
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            for (cell, _), res in zip(runs, pool.map(_run_one, [cfg for _, cfg in runs])):
-                results.append(res)
-                _report(cell, res)
+          f"x {threads} thread(s) -> {out}" + (f"; {earlier} run(s) finished earlier are kept" if earlier else ""),
+          flush=True)
+    labels = [f"{cell.name} seed {cfg['seed']}" for cell, cfg in runs]
+    try:
+        results = run_all(_run_one, [cfg for _, cfg in runs], workers=workers, labels=labels,
+                          on_result=lambda i, res: _report(runs[i][0], res))
+    except MatrixInterrupted as exc:  # no results: a status page names the unfinished runs
+        (out / "matrix.md").write_text(f"# Unfinished matrix\n\n`{command or 'sara matrix'}` was {exc}.\n\n"
+                                       "Unfinished runs (no results):\n\n" + "".join(f"- {u}\n" for u in exc.unfinished))
+        raise
     eval_prompts = min(base_cfg.eval.num_prompts, len(task.eval_prompts))
     report = analyze([(cell, res) for (cell, _), res in zip(runs, results)], budget=budget, reference=reference,
                      target_acc=target_acc, eval_prompts=eval_prompts, eval_samples=base_cfg.eval.samples)

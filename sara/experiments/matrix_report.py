@@ -24,10 +24,14 @@ from sara.experiments.curves import (
     seed_measures,
 )
 
-__all__ = ["analyze", "format_report", "write_outputs", "plot_report"]
+__all__ = ["MEASURES", "analyze", "format_report", "write_outputs", "plot_report", "ratio_interval"]
 
 _RAW = ("seed", "name", "algo", "allocator", "steps", "acc_before", "acc_after", "rollouts", "tokens",
-        "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve", "phases", "acc_by_band")
+        "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve", "phases", "acc_by_band",
+        "tokens_by_fate", "prompt_tokens", "trained_tokens", "seconds_by_phase")
+MEASURES = ("rollouts", "tokens", "wall_s")
+"""What a cell spends to the target, each compared with the reference cell: rollouts, generated tokens, training
+seconds."""
 
 
 def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, reference: str = "ds",
@@ -72,6 +76,8 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
     grid = np.linspace(0.0, float(budget), grid_points)
     longest = {a: max((r["curve"]["wall_s"][-1] for (b, _), (_, rs) in grouped.items() if b == a for r in rs),
                       default=0.0) for a in algos}
+    most_tokens = {a: max((r["curve"]["tokens"][-1] for (b, _), (_, rs) in grouped.items() if b == a for r in rs),
+                          default=0.0) for a in algos}
     cells: list[dict[str, Any]] = []
     for (algo, _), (cell, rs) in grouped.items():
         rs = sorted(rs, key=lambda r: r["seed"])
@@ -88,6 +94,7 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
         mean, half = t_interval(per_group)
         agg["wall_s_per_effective_group"] = {"mean": mean, "half": half}
         agg["phases"] = _phases(rs)
+        agg["tokens"] = _tokens(rs)
         agg["final_acc_by_band"] = _by_band(rs, 1)
         cells.append({"algo": algo, "cell": cell.spec, "allocator": cell.allocator, "sampler": cell.sampler,
                       "name": cell.name, "is_reference": cell.spec == reference,
@@ -95,19 +102,64 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
                       "aggregate": agg,
                       "band": band([(r["curve"]["rollouts"], r["curve"]["acc"]) for r in rs], grid),
                       "band_seconds": band([(r["curve"]["wall_s"], r["curve"]["acc"]) for r in rs],
-                                           np.linspace(0.0, longest[algo], grid_points))})
+                                           np.linspace(0.0, longest[algo], grid_points)),
+                      "band_tokens": band([(r["curve"]["tokens"], r["curve"]["acc"]) for r in rs],
+                                          np.linspace(0.0, most_tokens[algo], grid_points))})
     for c in cells:
         ref_cell = next((d for d in cells if d["algo"] == c["algo"] and d["is_reference"]), None)
-        for key in ("rollouts", "tokens", "wall_s"):
-            num = c["aggregate"][f"{key}_to_target"]["mean"]
-            den = ref_cell["aggregate"][f"{key}_to_target"]["mean"] if ref_cell else math.nan
-            c["aggregate"][f"{key}_ratio"] = num / den if den and math.isfinite(den) else math.nan
+        for key in MEASURES:
+            num = c["aggregate"][f"{key}_to_target"]
+            den = ref_cell["aggregate"][f"{key}_to_target"] if ref_cell else {"mean": math.nan, "half": math.nan}
+            c["aggregate"][f"{key}_ratio"], c["aggregate"][f"{key}_ratio_half"] = ratio_interval(num, den)
+        ph, ref_ph = c["aggregate"]["phases"], (ref_cell or {}).get("aggregate", {}).get("phases")
+        if ph is not None:
+            ref_rate = ref_ph["collect_s_per_token"] if ref_ph else math.nan
+            ph["collect_s_per_token_ratio"] = ph["collect_s_per_token"] / ref_rate if ref_rate else math.nan
     for algo, info in algos.items():
         info["start_acc_by_band"] = _by_band([r for (a, _), (_, rs) in grouped.items() if a == algo for r in rs], 0)
     seeds = sorted({int(r["seed"]) for _, r in runs})
     return {"budget": budget, "seeds": seeds, "reference": reference, "target_acc": target_acc,
             "eval": {"prompts": eval_prompts, "samples": eval_samples}, "fractions": list(BUDGET_FRACTIONS),
             "algos": algos, "cells": cells}
+
+
+def ratio_interval(num: Mapping[str, float], den: Mapping[str, float]) -> tuple[float, float]:
+    """``num["mean"] / den["mean"]`` and the half-width of its interval, propagated from the two means' interval
+    half-widths to first order (the delta method for a ratio of independent means:
+    ``r * sqrt((h_num / num)^2 + (h_den / den)^2)``); NaN where either side has none.
+
+    Example: ``ratio_interval({"mean": 6, "half": 0.6}, {"mean": 10, "half": 0.8})`` = ``(0.6, 0.6 * sqrt(0.01 +
+    0.0064))`` = ``(0.6, 0.0768)``.
+    """
+    a, b = float(num["mean"]), float(den["mean"])
+    if not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return math.nan, math.nan
+    r = a / b
+    ha, hb = float(num["half"]), float(den["half"])
+    half = abs(r) * math.sqrt((ha / a) ** 2 + (hb / b) ** 2) if a and math.isfinite(ha) and math.isfinite(hb) \
+        else math.nan
+    return r, half
+
+
+def _tokens(rs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """Where a cell's tokens go, pooled over its seeds, per effective group: generated tokens by fate
+    (``sara.train.summary.FATES``), prompt (prefill) tokens and trained completion tokens; None when a run has no
+    ``tokens_by_fate``."""
+    from sara.train.summary import FATES
+
+    if not rs or any(not r.get("tokens_by_fate") for r in rs):
+        return None
+    eff = sum(float(r.get("effective_groups") or 0) for r in rs)
+    div = lambda a: a / eff if eff else math.nan  # noqa: E731
+    out = {f"{fate}_per_effective_group": div(sum(float(r["tokens_by_fate"].get(fate, 0)) for r in rs))
+           for fate in FATES}
+    gen = sum(float(r.get("tokens") or 0) for r in rs)
+    out["generated_per_effective_group"] = div(gen)
+    out["prompt_per_effective_group"] = div(sum(float(r.get("prompt_tokens") or 0) for r in rs))
+    out["trained_per_effective_group"] = div(sum(float(r.get("trained_tokens") or 0) for r in rs))
+    rollouts = sum(float(r.get("rollouts") or 0) for r in rs)
+    out["generated_per_rollout"] = gen / rollouts if rollouts else math.nan
+    return out
 
 
 def _phases(rs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
@@ -122,6 +174,7 @@ def _phases(rs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     return {"collect_s_per_effective_group": div(tot["collect_s"], eff),
             "learn_s_per_effective_group": div(tot["learn_s"], eff),
             "collect_s_per_rollout": div(tot["collect_s"], rollouts),
+            "collect_s_per_token": div(tot["collect_s"], sum(float(r.get("tokens") or 0) for r in rs)),
             "rollouts_per_round": div(rollouts, tot["rounds"]), "rounds_per_step": div(tot["rounds"], tot["steps"]),
             "banked_per_step": div(tot["banked_groups"], tot["steps"]),
             "group_reward_var": div(tot["reward_var_x_groups"], tot["trained_groups"])}
@@ -148,10 +201,11 @@ def _ci(v: Mapping[str, float], fmt: str, prefix: str = "") -> str:
     return text if half is None or not math.isfinite(half) else f"{text} ± {format(half, fmt)}"
 
 
-def _ratio(ratio: float | None, censored: bool) -> str:
+def _ratio(ratio: float | None, censored: bool, half: float | None = None) -> str:
     if ratio is None or not math.isfinite(ratio):
         return "—"
-    return f"{ratio:.2f}" + ("*" if censored else "")
+    text = f"{ratio:.2f}" + ("" if half is None or not math.isfinite(half) else f" ± {half:.2f}")
+    return text + ("*" if censored else "")
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -180,29 +234,43 @@ def format_report(report: Mapping[str, Any]) -> str:
                          f"so the true SE lies between that and {se['prompt_clustered_bound']:.4f} "
                          "(sqrt(p(1-p)/prompts)).")
         lines += ["", "| cell | final acc | " + " | ".join(f"acc @{100 * f:.0f}%" for f in fr) +
-                  " | AUC | reached | rollouts to target | × ref | tokens to target | train s to target | train s / eff. group "
-                  "| rollouts / eff. group | steps | eff. frac |", "|---" * (12 + len(fr)) + "|"]
+                  " | AUC | reached | rollouts to target | × ref | tokens to target | × ref | train s to target | × ref "
+                  "| train s / eff. group | rollouts / eff. group | steps | eff. frac |", "|---" * (14 + len(fr)) + "|"]
         for c in (c for c in report["cells"] if c["algo"] == algo):
             a = c["aggregate"]
             cens = "≥ " if a["reached"] < a["n"] else ""
-            ratio = a["rollouts_ratio"]
+            censored = a["reached"] < a["n"] or ref_censored[algo]
             name = f"**{c['cell']}** (ref)" if c["is_reference"] else c["cell"]
+            spent = [x for key, fmt in zip(MEASURES, (",.0f", ",.0f", ".1f"))
+                     for x in (_ci(a[f"{key}_to_target"], fmt, cens),
+                               _ratio(a[f"{key}_ratio"], censored, a.get(f"{key}_ratio_half")))]
             lines.append(" | ".join([
                 f"| {name}", _ci(a["final_acc"], ".3f"), *(_ci(a["acc_at"][str(f)], ".3f") for f in fr),
-                _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", _ci(a["rollouts_to_target"], ",.0f", cens),
-                _ratio(ratio, a["reached"] < a["n"] or ref_censored[algo]), _ci(a["tokens_to_target"], ",.0f", cens),
-                _ci(a["wall_s_to_target"], ".1f", cens), _ci(a["wall_s_per_effective_group"], "#.3g"),
+                _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", *spent,
+                _ci(a["wall_s_per_effective_group"], "#.3g"),
                 f"{a['rollouts_per_effective_group']:.1f}", _ci(a["steps"], ".1f"), f"{a['effective_fraction']:.2f} |"]))
         rows = [(c["cell"], c["aggregate"].get("phases")) for c in report["cells"] if c["algo"] == algo]
         if all(ph is not None for _, ph in rows):
             lines += ["", "Where the training seconds go (all seeds pooled):", "",
                       "| cell | collect s / eff. group | learn s / eff. group | collect s / rollout "
+                      "| collect s / 1k tokens | × ref "
                       "| rollouts per round | rounds per step | banked groups per step | batch reward var |",
-                      "|---" * 8 + "|"]
+                      "|---" * 10 + "|"]
             lines += [f"| {cell} | {ph['collect_s_per_effective_group']:.3f} "
                       f"| {ph['learn_s_per_effective_group']:.3f} | {ph['collect_s_per_rollout']:.4f} "
+                      f"| {1000 * ph['collect_s_per_token']:.2f} | {_ratio(ph.get('collect_s_per_token_ratio'), False)} "
                       f"| {ph['rollouts_per_round']:.1f} | {ph['rounds_per_step']:.2f} "
                       f"| {ph['banked_per_step']:.2f} | {ph['group_reward_var']:.3f} |" for cell, ph in rows]
+        toks = [(c["cell"], c["aggregate"].get("tokens")) for c in report["cells"] if c["algo"] == algo]
+        if all(t is not None for _, t in toks):
+            lines += ["", "Where the tokens go, per effective group (all seeds pooled):", "",
+                      "| cell | generated | committed | abandoned | discarded | aborted (not in generated) "
+                      "| prompt (prefill) | trained | generated / rollout |", "|---" * 9 + "|"]
+            lines += [f"| {cell} | {t['generated_per_effective_group']:,.0f} | {t['committed_per_effective_group']:,.0f} "
+                      f"| {t['abandoned_per_effective_group']:,.0f} | {t['discarded_per_effective_group']:,.0f} "
+                      f"| {t['aborted_per_effective_group']:,.0f} | {t['prompt_per_effective_group']:,.0f} "
+                      f"| {t['trained_per_effective_group']:,.0f} | {t['generated_per_rollout']:.1f} |"
+                      for cell, t in toks]
         start = info.get("start_acc_by_band")
         bands = [(c["cell"], c["aggregate"].get("final_acc_by_band")) for c in report["cells"] if c["algo"] == algo]
         if start and all(b is not None and b.keys() == start.keys() for _, b in bands):
@@ -218,8 +286,10 @@ def format_report(report: Mapping[str, Any]) -> str:
               "- rollouts / tokens / train s to target: where the curve first reaches the target, interpolated "
               "linearly between the two evaluations around the crossing. A seed that never reaches it (see "
               "`reached`) counts with its whole run's totals (censored), so the mean is a lower bound, marked ≥. "
-              "× ref: the mean rollouts to target over the reference cell's (same target, same censoring; * = either side "
-              "has a censored seed, so the ratio is of lower bounds and bounds nothing).",
+              "Each × ref: the cell's mean to target over the reference cell's (same target, same censoring; * = either "
+              "side has a censored seed, so the ratio is of lower bounds and bounds nothing), ± the 95% interval "
+              "propagated from the two means' intervals (first order). tokens: generated completion tokens (prompt "
+              "tokens apart, in the tokens table).",
               "- train s: training wall-clock (collect, advantages, update, sync), without evaluation; runs share "
               "the machine's cores, so seconds compare within one matrix only. train s / eff. group: a run's "
               "training seconds over its effective groups (the streaming driver, `--driver stream`, shows up "
@@ -228,28 +298,34 @@ def format_report(report: Mapping[str, Any]) -> str:
               "steps: training steps (= weight updates) the budget bought; with `surplus=bank` (the default) every "
               "batch is `groups_per_step` groups, so saved rollouts show up as more steps.",
               "- where the seconds go: collect (the driver's rounds: generation, scoring, allocation) and learn "
-              "(advantages, update, weight sync) seconds over effective groups or rollouts; rounds: the driver's "
+              "(advantages, update, weight sync) seconds over effective groups, rollouts or 1,000 generated tokens "
+              "(× ref: over the reference cell's, the engine's cost of a token under each allocator); rounds: the driver's "
               "synchronous rounds (streaming: none); banked groups: left in the surplus bank after a step; batch "
               "reward var: the trained groups' mean within-group reward variance (`train/group_reward_var`, p(1 - p) "
               "of a group's own success rate for 0/1 rewards)."]
     return "\n".join(lines) + "\n"
 
 
-def plot_report(report: Mapping[str, Any], path: str | Path, *, seconds: bool = False) -> Path:
-    """``matrix.png``: per algorithm, each cell's mean accuracy vs cumulative rollouts over seeds, a min-max band,
-    and the target accuracy as a horizontal line; ``seconds``: the same against training seconds
-    (``matrix_seconds.png``; a run that ended earlier stays at its final accuracy). Needs matplotlib."""
+_AXES = {"rollouts": ("band", "cumulative rollouts", "held-out accuracy vs rollouts, budget {budget:,.0f} per run"),
+         "seconds": ("band_seconds", "training seconds (no evaluation)",
+                     "held-out accuracy vs training seconds (no eval.)"),
+         "tokens": ("band_tokens", "cumulative generated tokens", "held-out accuracy vs generated tokens")}
+
+
+def plot_report(report: Mapping[str, Any], path: str | Path, *, x: str = "rollouts") -> Path:
+    """Per algorithm, each cell's mean held-out accuracy over seeds with a min-max band and the target accuracy as a
+    horizontal line, against ``x``: ``"rollouts"`` (``matrix.png``), ``"seconds"`` (training seconds,
+    ``matrix_seconds.png``) or ``"tokens"`` (generated tokens, ``matrix_tokens.png``); a run that ended earlier stays
+    at its final accuracy. Needs matplotlib."""
     from sara.metrics import plot_matrix
 
-    key = "band_seconds" if seconds else "band"
+    key, xlabel, head = _AXES[x]
     panels = {algo: {"target": info["target"],
-                     "cells": {c["cell"]: c[key] for c in report["cells"] if c["algo"] == algo}}
+                     "cells": {c["cell"]: c[key] for c in report["cells"] if c["algo"] == algo and key in c}}
               for algo, info in report["algos"].items()}
     n = len(report["seeds"])
-    head = ("held-out accuracy vs training seconds (no eval.)" if seconds else
-            f"held-out accuracy vs rollouts, budget {report['budget']:,.0f} per run")
-    return plot_matrix(panels, path, xlabel="training seconds (no evaluation)" if seconds else "cumulative rollouts",
-                       title=f"{head}\nmean of {n} seed(s), band = min-max over seeds")
+    return plot_matrix(panels, path, xlabel=xlabel,
+                       title=f"{head.format(budget=report['budget'])}\nmean of {n} seed(s), band = min-max over seeds")
 
 
 def _finite(x: Any) -> Any:
@@ -263,8 +339,8 @@ def _finite(x: Any) -> Any:
 
 
 def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """Write ``matrix.json`` (NaN as null), ``matrix.md`` and, when matplotlib is installed, ``matrix.png`` and
-    ``matrix_seconds.png``."""
+    """Write ``matrix.json`` (NaN as null), ``matrix.md`` and, when matplotlib is installed, ``matrix.png``,
+    ``matrix_seconds.png`` and ``matrix_tokens.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "matrix.json", "md": out / "matrix.md"}
@@ -272,7 +348,8 @@ def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, P
     paths["md"].write_text(format_report(report), encoding="utf-8")
     try:
         paths["png"] = plot_report(report, out / "matrix.png")
-        paths["png_seconds"] = plot_report(report, out / "matrix_seconds.png", seconds=True)
+        paths["png_seconds"] = plot_report(report, out / "matrix_seconds.png", x="seconds")
+        paths["png_tokens"] = plot_report(report, out / "matrix_tokens.png", x="tokens")
     except ImportError:  # matplotlib is optional
         pass
     return paths

@@ -36,8 +36,9 @@ from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
 from sara.train.resume import check_resume
 from sara.train.reweight import weigh_advantages
-from sara.train.rundir import RunLock, releases_run_lock
-from sara.train.summary import RunSummary, peak_rss_mb, run_files, summarize
+from sara.train.rundir import RunLock, releases_run_lock, take_run_lock
+from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, peak_rss_mb, run_files
+from sara.train.summary import summarize as summarize_run
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
 
@@ -47,13 +48,14 @@ class Trainer:
 
     Args:
         config: The run (a ``TrainConfig`` or a mapping of its fields).
-        resume: Continue from the newest checkpoint in ``<out_dir>/checkpoints`` (fresh start when there is none).
+        resume: Continue from the newest checkpoint in ``<out_dir>/checkpoints`` (a run there without one: refused).
         verbose: Print setup messages (warm start, resume).
+        run_lock: The held ``RunLock`` of ``out_dir`` when the caller claimed it (default: take one).
     """
 
     @releases_run_lock
     def __init__(self, config: TrainConfig | Mapping[str, Any] | None = None, *, resume: bool = False,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, run_lock: RunLock | None = None) -> None:
         import torch
 
         from sara.algos import make_algo
@@ -74,7 +76,7 @@ class Trainer:
                                                                               what="train config")
         self.config = cfg
         self.out_dir = cfg.output_dir
-        self._run_lock = RunLock(self.out_dir)  # one run per directory; released by close()
+        self._run_lock = take_run_lock(self.out_dir, run_lock, resume=resume)  # one run per directory, till close()
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         self.algo = make_algo(cfg.algo)
@@ -181,13 +183,17 @@ class Trainer:
                     self.version += 1
                     self.backend.update_weights(self.policy.state_dict(), self.version)
             self.step += 1
+            trained = float(batch.response_mask.sum()) if batch is not None else 0.0
             metrics = {**self._collect_metrics(result), **health, **self.sampler.metrics(), **algo_metrics,
                        **extra.get("metrics", {}),
                        "train/batch_groups": float(len(groups)), "train/banked_groups": float(len(self.bank)),
-                       "train/group_reward_var": batch_reward_variance(groups)}
+                       "train/group_reward_var": batch_reward_variance(groups), "train/trained_tokens": trained}
+            self.totals["trained_tokens"] += trained
             self.totals["verifier_errors"] += health["env/verifier_errors"]
             self.totals["verifier_timeouts"] += health["env/verifier_timeouts"]
         metrics.update(timer.metrics())
+        for phase in PHASES:
+            self.totals[f"seconds_{phase}"] += metrics.get(f"time/{phase}", 0.0)
         self.wall_seconds += metrics["time/step"]  # so summary() is right when stepping by hand
         return metrics
 
@@ -284,15 +290,13 @@ class Trainer:
         out["env/reward_committed"] = float(committed.mean()) if len(committed) else 0.0
         out["env/group_size_mean"] = float(np.mean([g.size for g in result.groups])) if result.groups else 0.0
         self.outcomes.record(all_groups)
-        for key in ("rollouts", "tokens", "abandoned_tokens", "committed_groups", "effective_groups"):
+        for key in STAT_TOTALS:
             self.totals[key] += st.__dict__[key]
         return out
 
     def _cumulative(self) -> dict[str, float]:
         t = self.totals
-        return {"env/cum_rollouts": t["rollouts"], "env/cum_tokens": t["tokens"],
-                "env/cum_abandoned_tokens": t["abandoned_tokens"],
-                "env/cum_effective_groups": t["effective_groups"], "env/cum_committed_groups": t["committed_groups"],
+        return {"env/cum_rollouts": t["rollouts"], **cumulative_spend(t), "env/cum_effective_groups": t["effective_groups"], "env/cum_committed_groups": t["committed_groups"],
                 "env/cum_verifier_errors": t["verifier_errors"], "env/cum_verifier_timeouts": t["verifier_timeouts"],
                 "env/p_mixed_estimate": self.outcomes.p_mixed(), "train/step": float(self.step),
                 "train/weights_version": float(self.version)}
@@ -310,7 +314,7 @@ class Trainer:
     def summary(self, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
         """Before/after accuracy (from the JSONL records when given, else from the evaluations run so far),
         rollouts, tokens, wall seconds and the DS estimate (``sara.train.summary.summarize``)."""
-        return summarize(self, records)
+        return summarize_run(self, records)
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -136,6 +136,7 @@ def make_task(spec: str, **options: Any) -> Task:
 
 
 register_task("sara/Arithmetic-v0", "sara.envs.tasks.arithmetic:make_arithmetic_task")
+register_task("sara/Chain-v0", "sara.envs.tasks.chain:make_chain_task")
 register_task("sara/Countdown-v0", "sara.envs.tasks.countdown:make_countdown_task")
 register_task("sara/GSM8K-v0", "sara.envs.tasks.gsm8k:make_gsm8k_task")
 register_task("sara/MATH-v0", "sara.envs.tasks.math:make_math_task")
