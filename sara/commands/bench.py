@@ -2,8 +2,8 @@
 and ``learner`` (engines) in ``sara.commands.bench_engines``.
 
 Every bench prints a table on stdout and writes its JSON report where ``--json FILE`` says (``bench allocation``
-also writes one by default, into ``--out DIR``, which it never overwrites without ``--overwrite``); progress goes to
-stderr (``sara.commands.output``)."""
+also writes one by default, into ``--out DIR``, which it locks while it runs and never overwrites without
+``--overwrite``); progress goes to stderr (``sara.commands.output``)."""
 
 from __future__ import annotations
 
@@ -110,13 +110,19 @@ def _allocation(args: argparse.Namespace) -> int:
         population=args.population, k=args.k, target_groups=args.target_groups, seeds=args.seeds,
         pool_size=args.pool_size, steps=args.steps, allocators=split_specs(args.allocators), sampler=args.sampler,
         pool_epochs=args.pool_epochs, drift=args.drift), what="bench allocation")
-    json_path = Path(args.json_out) if args.json_out else claim_dir(
-        args.out or bench_allocation_out(args), overwrite=args.overwrite, marker="allocation.json",
-        what="sara bench allocation") / "allocation.json"
-    report = run_allocation_bench(cfg, log=lambda line: progress("bench allocation", line))
-    print(format_table(report))
-    write_json(report, json_path)
-    plot_path = plot_results(report, args.plot or json_path.with_suffix(".png"))
+    out = args.out or bench_allocation_out(args)
+    lock = None if args.json_out else claim_dir(out, overwrite=args.overwrite, marker="allocation.json",
+                                                 what="sara bench allocation",
+                                                 replace=("allocation.json", "allocation.png"))
+    json_path = Path(args.json_out) if lock is None else lock.directory / "allocation.json"
+    try:  # --out stays locked until the report is written
+        report = run_allocation_bench(cfg, log=lambda line: progress("bench allocation", line))
+        print(format_table(report))
+        write_json(report, json_path)
+        plot_path = plot_results(report, args.plot or json_path.with_suffix(".png"))
+    finally:
+        if lock is not None:
+            lock.release()
     print(f"\nJSON: {json_path}" + (f"   plot: {plot_path}" if plot_path else ""))
     return 0
 

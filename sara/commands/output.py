@@ -3,8 +3,8 @@ and run directories that are never overwritten silently.
 
 Every command prints a markdown table (``kv_table`` for a report of named values), writes its JSON report only where
 ``--json FILE`` says (``write_report``), prints progress lines on stderr while it runs more than a few seconds
-(``Ticker`` when the work reports nothing itself), and refuses an output directory that already holds a run unless
-``--overwrite`` is given (``claim_dir``).
+(``Ticker`` when the work reports nothing itself), and locks its output directory before it touches it, refusing one
+that already holds a run unless ``--overwrite`` is given (``claim_dir``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from sara.config import ConfigError
+from sara.train.rundir import RunLock
 
-__all__ = ["kv_table", "fmt_value", "write_report", "claim_dir", "Ticker", "progress"]
+__all__ = ["kv_table", "fmt_value", "write_report", "claim_dir", "remove_entries", "Ticker", "progress"]
 
 
 def fmt_value(v: Any) -> str:
@@ -73,12 +74,16 @@ def write_report(report: Mapping[str, Any], path: str | Path | None) -> Path | N
 
 
 def claim_dir(path: str | Path, *, overwrite: bool, marker: str, what: str, replace: Sequence[str] = (),
-              resume_hint: bool = False) -> Path:
-    """The output directory ``path``, made ready for a new run.
+              resume_hint: bool = False, resume: bool = False, field: str = "--out",
+              config: str | None = None) -> RunLock:
+    """The output directory ``path``, locked for this run and made ready for it.
 
-    A directory that already holds ``marker`` (the file a run writes first, e.g. ``metrics.jsonl``) is a previous
-    run: without ``overwrite`` a ``ConfigError`` names it and the ways out; with it, the previous run's ``replace``
-    entries (files or directories, e.g. ``checkpoints``) are removed first, so none of them outlives it. Nothing
+    The run lock (``sara.train.rundir.RunLock``) is taken first, before anything is looked at or removed: a
+    directory another run holds is a ``ConfigError`` naming its pid, and nothing in it is touched. A directory that
+    already holds ``marker`` (the file a run writes first, e.g. ``metrics.jsonl``) is a previous run: without
+    ``overwrite`` a ``ConfigError`` names it and the ways out; with it, the previous run's ``replace`` entries
+    (files or directories, e.g. ``checkpoints``) are removed, so none of them outlives it. With ``resume`` the
+    previous run is kept and must be there (else a ``ConfigError``, and a missing directory is not created). Nothing
     else in the directory is touched.
 
     Args:
@@ -88,23 +93,40 @@ def claim_dir(path: str | Path, *, overwrite: bool, marker: str, what: str, repl
         what: The command, for the message (``"sara train"``).
         replace: What a previous run wrote that the new one must not inherit (relative to ``path``).
         resume_hint: Also suggest ``--resume``.
+        resume: Continue the previous run (``--resume``): nothing is removed.
+        field: The flag or config field that names ``path``, for the lock's messages.
+        config: The config ``field`` belongs to, for the lock's messages (default: ``what``).
 
     Returns:
-        ``path`` as a ``Path``.
+        The held lock (``.directory`` is ``path``); release it, or hand it to the ``Trainer``, when the run ends.
     """
     out = Path(path)
-    if (out / marker).exists():
+    if resume and not (out / marker).exists():  # before the lock, which would create the directory
+        raise ConfigError(f"{what}: --resume: {out} holds no run to continue (no {marker}); drop --resume to start "
+                          "one there")
+    lock = RunLock(out, field=field, what=config or what)
+    try:
+        if resume or not (out / marker).exists():
+            return lock
         if not overwrite:
-            resume = ", --resume to continue it" if resume_hint else ""
+            hint = ", --resume to continue it" if resume_hint else ""
             raise ConfigError(f"{what}: {out} already holds a run ({out / marker}); pass --overwrite to replace it"
-                              f"{resume}, or --out DIR for a new one")
-        for name in replace:
-            entry = out / name
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            elif entry.exists() or entry.is_symlink():
-                entry.unlink()
-    return out
+                              f"{hint}, or --out DIR for a new one")
+        remove_entries(out, replace)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def remove_entries(directory: str | Path, names: Sequence[str]) -> None:
+    """Remove ``names`` (files or directories, relative to ``directory``) where they exist; hold its run lock."""
+    for name in names:
+        entry = Path(directory) / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
 
 
 def progress(tag: str, message: str) -> None:

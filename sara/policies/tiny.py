@@ -3,14 +3,16 @@
 ``warm_start`` trains it supervised on a task's prompts and reference answers to partial competence, so prompt
 difficulty is heterogeneous (some always right, some never, many in between), the regime where rollout allocation
 matters. ``make_tiny_policy`` caches the warm-started weights under ``$SARA_CACHE_DIR`` (default ``~/.cache/sara``)
-keyed by every setting that changes them, so tests and runs reuse them. The network itself is
-``sara.policies.tiny_model`` (re-exported here).
+keyed by every setting that changes them, so tests and runs reuse them; an entry is used only when it matches its
+checksum and holds this policy's finite tensors (``sara.storage.load_verified``), else it is recomputed. The network
+itself is ``sara.policies.tiny_model`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import sys
 import time
@@ -25,7 +27,7 @@ from pydantic import Field
 from sara.config import SaraModel
 from sara.policies.base import TokenBatch
 from sara.policies.tiny_model import BOS, EOS, PAD, CharTokenizer, TinyConfig, TinyPolicy, num_parameters
-from sara.storage import atomic_torch_save, cache_root, file_lock
+from sara.storage import BadCacheEntry, cache_root, file_lock, load_verified, write_verified
 from sara.types import Prompt
 
 __all__ = [
@@ -175,9 +177,9 @@ def _warm_start_cached(policy: TinyPolicy, prompts: Sequence[Prompt], ws: WarmSt
     key = hashlib.sha256(blob.encode()).hexdigest()[:16]
     path = cache_dir() / "tiny" / f"warm-{key}.pt"
     with file_lock(path.with_suffix(".lock")) if cache else contextlib.nullcontext():
-        if cache and path.exists():
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            policy.load_state_dict(state["model"])
+        cached = load_verified(path, lambda p: _cached_weights(p, policy)) if cache else None
+        if cached is not None:
+            policy.load_state_dict(cached)
             return
         t0 = time.perf_counter()
         if verbose:
@@ -191,7 +193,9 @@ def _warm_start_cached(policy: TinyPolicy, prompts: Sequence[Prompt], ws: WarmSt
             print(f"warm start done in {time.perf_counter() - t0:.0f} s ({len(losses)} steps, final loss "
                   f"{losses[-1]:.3f}, mean of the last {min(ws.loss_window, len(losses))} {recent:.3f})", flush=True)
         if cache:
-            atomic_torch_save({"model": policy.state_dict(), "meta": json.loads(blob)}, path)
+            buf = io.BytesIO()
+            torch.save({"model": policy.state_dict(), "meta": json.loads(blob)}, buf)
+            write_verified(path, buf.getvalue())
 
 
 PROGRESS_EVERY_S = 20.0
@@ -219,3 +223,21 @@ class WarmStartProgress:
         print(f"[warm start] step {done:,} of at most {self.ws.steps:,}: mean loss {recent:.3f}{target}, "
               f"{now - self.t0:.0f} s so far, at most about {left:.0f} s more", file=sys.stderr, flush=True)
 
+
+def _cached_weights(path: Path, policy: TinyPolicy) -> dict[str, torch.Tensor]:
+    """The weights of a warm-start cache entry, checked against ``policy`` before any is loaded into it.
+
+    Raises:
+        BadCacheEntry: the entry does not hold this policy's tensors (names, shapes, dtypes), or holds nan / inf.
+    """
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    weights = state.get("model") if isinstance(state, dict) else None
+    expected = policy.state_dict()
+    if not isinstance(weights, dict) or set(weights) != set(expected) or any(
+            not isinstance(v, torch.Tensor) or v.shape != expected[k].shape or v.dtype != expected[k].dtype
+            for k, v in weights.items()):
+        raise BadCacheEntry("does not hold this policy's weights (names, shapes or dtypes differ)")
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise BadCacheEntry(f"holds non-finite weights ({len(bad)} tensors with nan or inf, e.g. {bad[0]})")
+    return weights

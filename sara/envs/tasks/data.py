@@ -50,25 +50,23 @@ def load_records(path: str | os.PathLike[str], *, what: str) -> list[dict[str, A
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
         records = []
-        lineno = 0
         try:
             with p.open(encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):  # noqa: B007 - lineno names the line of an error
+                for lineno, line in enumerate(f, 1):
                     if not line.strip():
                         continue
                     rec = _json(line, f"{what}: {p}:{lineno}")
                     if not isinstance(rec, dict):
                         raise ConfigError(f"{what}: {p}:{lineno}: expected a JSON object per line")
                     records.append(rec)
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{what}: {p}:{lineno + 1}: not UTF-8 text (byte {exc.start} of the chunk read); save "
-                              "the file as UTF-8") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{what}: {_bad_byte(p)}: not UTF-8 text; save the file as UTF-8") from None
         return records
     if suffix == ".json":
         try:
             text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{what}: {p}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{what}: {_bad_byte(p)}: not UTF-8 text; save the file as UTF-8") from None
         data = _json(text, f"{what}: {p}")
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise ConfigError(f"{what}: {p}: expected a JSON list of objects")
@@ -83,6 +81,21 @@ def load_records(path: str | os.PathLike[str], *, what: str) -> list[dict[str, A
         except Exception as exc:  # pyarrow.ArrowInvalid & co: not a parquet file, truncated, ...
             raise ConfigError(f"{what}: {p}: not a readable parquet file ({exc})") from None
     raise ConfigError(f"{what}: unsupported data file {p.name!r}; use .jsonl, .json or .parquet")
+
+
+def _bad_byte(path: Path) -> str:
+    """``"<path>:<line>: byte 0x.. at column <c>"``: where the first byte that is not UTF-8 is.
+
+    The file is read again line by line in binary (a text reader decodes in chunks, so the line it reached is not
+    the line of the byte); ``b"\\n"`` never occurs inside a UTF-8 sequence, so each line decodes on its own.
+    """
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"{path}:{lineno}: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+    return str(path)  # pragma: no cover - the file changed between the two reads
 
 
 def _json(text: str, where: str) -> Any:
