@@ -39,8 +39,9 @@ def hog(completion: str) -> float:
     ("#### -$5", "-5", "strict", 1.0),
     ("#### $-5", "-5", "strict", 1.0),  # both orders of sign and dollar
     ("#### 10000000000000000000000", 1e22, "strict", 1.0),  # a float gold compares exactly
-    ("1000" + "x" * 4094, "0", "flexible", 0.0),  # the whole completion is read, not its last 4096 characters
-    ("1000" + "x" * 4094, "1000", "flexible", 1.0),
+    ("1000 " + "x" * 4094, "0", "flexible", 0.0),  # the whole completion is read, not its last 4096 characters
+    ("1000 " + "x" * 4094, "1000", "flexible", 1.0),
+    ("1000" + "x" * 4094, "1000", "flexible", 0.0),  # trailing letters: not a number
 ])
 def test_gsm8k_scores_the_issue_cases_right(completion, gold, mode, expected):
     assert gsm8k.verify(completion, answer=gold, mode=mode) == expected
@@ -189,7 +190,7 @@ def _money(gold: int, form: int) -> str:
 def test_gsm8k_any_text_scores_0_or_1_and_a_right_answer_after_it_scores_1(junk, gold, mode, form, pad):
     _timed(gsm8k.verify, junk, answer=str(gold), mode=mode)
     said = _money(gold, form)
-    tail = (f"\nThe answer is\n#### {said}" if mode == "strict" else f"\nThe answer is {said}") + "." + "x" * pad
+    tail = (f"\nThe answer is\n#### {said}" if mode == "strict" else f"\nThe answer is {said}") + ". " + "x" * pad
     assert _timed(gsm8k.verify, junk + tail, answer=str(gold), mode=mode) == 1.0, (junk, tail[:40])
     assert _timed(gsm8k.verify, junk + tail, answer=float(gold), mode=mode) == 1.0, (junk, tail[:40])
     assert _timed(gsm8k.verify, junk + tail, answer=str(gold + 1), mode=mode) == 0.0, (junk, tail[:40])

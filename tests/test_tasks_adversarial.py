@@ -150,5 +150,6 @@ def test_math_guards_are_what_stops_the_big_cases() -> None:
 def test_arithmetic_and_gsm8k_limits() -> None:
     assert arithmetic.verify("4" * (arithmetic.MAX_ANSWER_CHARS + 1), answer=int("4" * 25)) == 0.0
     assert arithmetic.verify(" " * arithmetic.MAX_SCAN_CHARS + "4242", answer=4242) == 0.0
-    assert gsm8k.verify("#### 4242" + "x" * 10**6, answer="4242") == 1.0  # read whole, in linear time
+    assert gsm8k.verify("#### 4242 " + "x" * 10**6, answer="4242") == 1.0  # read whole, in linear time
+    assert gsm8k.verify("#### 4242" + "x" * 10**6, answer="4242") == 0.0  # trailing letters: not a number
     assert gsm8k.verify("#### " + "4" * 100, answer="4" * 100) == 0.0  # over MAX_NUMBER_CHARS

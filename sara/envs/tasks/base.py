@@ -39,8 +39,8 @@ class Task:
             the backend applies the model's chat template; ``False`` = raw text (base models, the tiny policy).
         system_prompt: System message for chat rendering (``None`` = none).
         eval_prompts: Held-out prompts (never in ``prompts``).
-        thread_safe: The verifier may run in a thread (``False`` -> it is scored in worker processes, e.g. math-verify,
-            whose timeouts use ``signal.alarm``).
+        thread_safe: The verifier may run in a thread (``False`` -> it is scored in worker processes, which also cap
+            its memory and can stop it in the middle of a C call, e.g. math-verify's sympy work).
         timeout_s: Default per-call time limit of the batch scorer, in seconds.
         stop: Suggested stop strings for generation.
         max_new_tokens: Suggested generation length (``None`` = the backend's setting).

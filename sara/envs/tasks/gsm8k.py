@@ -4,13 +4,21 @@ Records are GSM8K-formatted (``question``; ``answer`` = reasoning ending in ``##
 file, an offline Hugging Face cache (``hf_dataset="openai/gsm8k", hf_config="main"``) or, by default, the dozen
 problems bundled with sara (``sara/data/gsm8k_small.jsonl``, written for this project).
 
-Verifier modes (the whole completion is scanned, in linear time):
-    ``strict``: the number right after the last ``####`` (a ``$`` and a ``-`` may come before it, in either order).
-    ``flexible``: the last number anywhere (a ``-`` or ``$`` just before it counts).
-A number is a whole run of ASCII digits, commas and one decimal point, read exactly (``"18.00"`` equals ``18``):
-commas must group thousands (``1,234,567``; ``1,2,3`` is no number in strict mode, and ends in the number 3 in
-flexible mode), a trailing comma is punctuation, and a run longer than ``MAX_NUMBER_CHARS`` is no number (never its
-tail). The gold answer may be a string in the same format, an int or a float (exact: ``1e22`` is 10**22).
+Verifier modes (the whole completion is scanned, in linear time); both read one answer token and score 0 unless
+the whole token is a number equal to the gold:
+    ``strict``: the token right after the last ``####`` (a ``$`` and a ``-`` may come before it, in either order,
+        with spaces between): everything up to the next whitespace.
+    ``flexible``: the last token holding a digit, where a token is a run of ASCII letters, digits and
+        ``. , / ^ * + - _ $ %`` (so ``3+2=5`` ends in the token ``5``, ``<<48/2=24>>24`` in ``24``); a token that is
+        an exponent, a subscript or a second LaTeX argument (after ``^{``, ``_{``, ``}{``, ``\\sqrt{``) is no number.
+A number token is an optional sign and ``$`` (either order), then a whole run of ASCII digits with commas that group
+thousands (``1,234,567``) and at most one decimal point (``.5``, ``18.00``), then an optional ``%``; sentence
+punctuation and markdown emphasis around it (``**14**.``) are not part of it. Anything else scores 0: fractions
+``1/2``, exponents ``72e5`` and ``2^10``, expressions ``10-3``, repeated dots ``5.5.5``, trailing letters ``14th``.
+In flexible mode only, comma-separated numbers without thousands grouping are a list whose last number is read
+(``1,2,3`` -> 3). A token longer than ``MAX_NUMBER_CHARS`` is no number (never its tail). Numbers are read exactly
+(``"18.00"`` equals ``18``). The gold answer may be a string in the same format, an int or a float (exact: ``1e22`` is
+10**22).
 """
 
 from __future__ import annotations
@@ -35,9 +43,17 @@ MAX_NUMBER_CHARS = 40
 """Longest number accepted, commas included."""
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
-_RUN = re.compile(r"[0-9][0-9,]*(?:\.[0-9]+)?", re.ASCII)
-_PLAIN = re.compile(r"-?(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?", re.ASCII)
+_NUMBER = r"(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?|\.[0-9]+"
+_PLAIN = re.compile(r"-?(?:%s)" % _NUMBER, re.ASCII)  # noqa: UP031
+_ANSWER = re.compile(r"([-+]?)(\$?)([-+]?)(%s)%%?" % _NUMBER, re.ASCII)  # noqa: UP031
+_LIST = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:,[0-9]+(?:\.[0-9]+)?)+", re.ASCII)
+_GLUE = r"A-Za-z0-9.,/^*+\-_$%"
+_DIGIT_TOKEN = re.compile(r"(?<![%s])[A-Za-z.,/^*+\-_$%%]*[0-9][%s]*" % (_GLUE, _GLUE), re.ASCII)  # noqa: UP031
+_STRICT_END = re.compile(r"\s|</|<\|")
 _SPACE = re.compile(r"\s*")
+_LEAD, _TRAIL = "*_([\"'", ".,;:!?)]}\"'*_$"
+_ARGUMENT = ("^{", "_{", "}{", "\\sqrt{")
+_MAX_TOKEN = 2 * MAX_NUMBER_CHARS + 16
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -59,53 +75,60 @@ def _gold(answer: object) -> Fraction | None:
     return parse_number(str(answer))
 
 
-def _value(match: re.Match[str], negative: bool, mode: str) -> Fraction | None:
-    """The number a digit run (a ``_RUN`` match) stands for, with its sign (a run too long is not copied)."""
-    if match.end() - match.start() > 2 * MAX_NUMBER_CHARS:
+def _number(token: str, negative: bool, dollar: bool, mode: str) -> Fraction | None:
+    """The value of an answer token when the whole token is one number (with ``negative`` / ``dollar`` read before
+    it in strict mode), else None."""
+    token = token.lstrip(_LEAD).rstrip(_TRAIL)
+    if len(token) > MAX_NUMBER_CHARS + 4:
         return None
-    run = match.group(0).rstrip(",")
-    if len(run) > MAX_NUMBER_CHARS:
+    m = _ANSWER.fullmatch(token)
+    if m is None:
+        if mode == "flexible" and _LIST.fullmatch(token):  # "1,2,3": a list, whose last number is read
+            return Fraction(token.rpartition(",")[2])
         return None
-    if not _PLAIN.fullmatch(run):
-        if mode == "strict" or len(run.rpartition(",")[2]) == 0:
-            return None
-        run = run.rpartition(",")[2]  # flexible: "1,2,3" is a list whose last number is 3
-    value = Fraction(run.replace(",", ""))
-    return -value if negative else value
+    sign1, cash, sign2, digits = m.group(1, 2, 3, 4)
+    if (sign1 and sign2) or (negative and (sign1 or sign2)) or (dollar and cash) or len(digits) > MAX_NUMBER_CHARS:
+        return None
+    value = Fraction(digits.replace(",", ""))
+    return -value if negative or "-" in (sign1, sign2) else value
+
+
+def _strict(completion: str) -> Fraction | None:
+    at = completion.rfind("####")
+    if at < 0:
+        return None
+    i, negative, dollar = at + 4, False, False
+    while True:  # whitespace, then "-" and "$" in either order (each once), then the token
+        i = _SPACE.match(completion, i).end()  # type: ignore[union-attr]
+        ch = completion[i:i + 1]
+        if ch == "-" and not negative:
+            negative = True
+        elif ch == "$" and not dollar:
+            dollar = True
+        else:
+            break
+        i += 1
+    end = _STRICT_END.search(completion, i, i + _MAX_TOKEN + 2)
+    stop = end.start() if end else len(completion)
+    if stop - i > _MAX_TOKEN:  # too long to be a number: not copied
+        return None
+    return _number(completion[i:stop], negative, dollar, "strict")
+
+
+def _flexible(completion: str) -> Fraction | None:
+    last = None
+    for last in _DIGIT_TOKEN.finditer(completion):  # noqa: B007 - we want the last token (one scan, no copies)
+        pass
+    if last is None or last.end() - last.start() > _MAX_TOKEN:
+        return None
+    if completion.endswith(_ARGUMENT, max(0, last.start() - 6), last.start()):
+        return None
+    return _number(last.group(0), False, False, "flexible")
 
 
 def extract_answer(completion: str, mode: Literal["strict", "flexible"] = "strict") -> Fraction | None:
     """The answer number of a completion (see the module docstring), or ``None``."""
-    if mode == "strict":
-        at = completion.rfind("####")
-        if at < 0:
-            return None
-        i, negative, dollar = at + 4, False, False
-        while True:  # whitespace, then "-" and "$" in either order (each once), then the number
-            i = _SPACE.match(completion, i).end()  # type: ignore[union-attr]
-            ch = completion[i:i + 1]
-            if ch == "-" and not negative:
-                negative = True
-            elif ch == "$" and not dollar:
-                dollar = True
-            else:
-                break
-            i += 1
-        run = _RUN.match(completion, i)
-        return _value(run, negative, mode) if run else None
-    last = None
-    for last in _RUN.finditer(completion):  # noqa: B007 - we want the last run
-        pass
-    if last is None:
-        return None
-    before = completion[max(0, last.start() - 8):last.start()].rstrip()
-    negative = False
-    for _ in range(2):  # "-5", "$5", "-$5", "$-5", with spaces between
-        if before.endswith("$"):
-            before = before[:-1].rstrip()
-        elif before.endswith("-") and not negative:
-            negative, before = True, before[:-1].rstrip()
-    return _value(last, negative, mode)
+    return _strict(completion) if mode == "strict" else _flexible(completion)
 
 
 def verify(completion: str, *, answer: str | int | float, mode: Literal["strict", "flexible"] = "strict") -> float:

@@ -6,18 +6,25 @@ file, an offline Hugging Face cache, or by default the small sets bundled with s
 
 MATH verifier: the content of the last ``\\boxed{...}`` of the completion (found by a bounded brace scan from the
 end) is compared with the gold answer by ``math-verify`` (gold wrapped as ``\\boxed{gold}``; ``verify(gold, pred)``
-is asymmetric and the gold goes first). Cheap guards run first so adversarial input never reaches sympy: the boxed
-content has at most ``MAX_BOXED_CHARS`` characters and ``MAX_BRACE_DEPTH`` nested braces, no nested exponents
-(``9^{9^{9}}``), exponents of at most ``MAX_EXPONENT_DIGITS`` digits, numbers of at most ``MAX_NUMBER_DIGITS``
-digits, and no factorial of a number above ``MAX_FACTORIAL``. Those guards cannot catch everything sympy may expand
-(``(x+y+z+1)^{9999}``, ``\\Gamma(9999^{9999})``), so ``verify`` is marked not thread-safe (``verify.thread_safe =
-False``): the batch scorer runs it only in worker processes, which are killed past the time limit and capped in memory
-(``sara.envs.tasks.workers``), and refuses the thread and inline modes for it. math-verify's own timeouts use
-``signal.alarm`` (main thread only): in the main thread (a worker's calls run there) they are set to 1 s.
+is asymmetric and the gold goes first). What the answer says is what is scored:
 
-An equation is an answer only when its sides agree: when the gold answer has no ``=`` and the boxed content does,
-every side without a variable (letters outside LaTeX commands) must equal the gold too (``\\boxed{6=5}`` is not 5,
-``\\boxed{2+4=6}`` is 6), while ``\\boxed{x=5}`` is still read as 5.
+- the content is parsed as LaTeX only: a content that does not parse as a whole is compared as text, never read
+  as the number math-verify's plain-expression fallback finds in it (``6 \\foo 5`` is not 5);
+- only an assignment is read as an answer: ``=`` (``:=`` and ``\\coloneqq`` are ``=``); an answer that states any
+  other relation, arrow, equivalence or logical connective (``\\equiv``, ``\\to``, ``\\iff``, ``\\sim``,
+  ``<``, ``\\le``, ``\\neq``, ``\\approx``, ``\\in``, ``\\lor``, ``+=``, ...;
+  ``sara.envs.tasks.mathguard.relations``) scores 0 unless the gold states it too;
+- an equation is an answer only when its sides agree: when the gold answer has no ``=`` and the boxed content does,
+  every side without a variable (letters outside LaTeX commands) must equal the gold too (``\\boxed{6=5}`` is not
+  5, ``\\boxed{2+4=6}`` is 6), while ``\\boxed{x=5}`` is still read as 5.
+
+Bounded on any thread and in every scoring mode: the boxed text passes cheap guards first
+(``sara.envs.tasks.mathguard.safe_for_sympy``), the parsed answer and gold must be evaluable in bounded time and
+memory (``within_bounds``: exponent towers, huge factorials, a polynomial to a large power are refused before
+anything is computed), and the whole sympy part of a call runs under a time limit of ``time_limit_s`` seconds in a
+helper thread (``sara.envs.tasks.timelimit``; math-verify's own ``signal.alarm`` timeouts are off): past it the
+answer scores 0. ``verify.thread_safe`` stays ``False``: the batch scorer still runs it in worker processes, which
+also cap memory and are killed past the scorer's limit.
 
 AIME verifier: the last boxed content must be an integer (ASCII digits, optional sign) equal to the gold; no sympy,
 thread-safe.
@@ -28,13 +35,20 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import threading
 from typing import Any
 
 from sara.config import ConfigError, validate_config
 from sara.data import data_path
 from sara.envs.tasks.base import Task
 from sara.envs.tasks.data import DataConfig, load_splits
+from sara.envs.tasks.mathguard import (
+    MAX_BOXED_CHARS,
+    MAX_BRACE_DEPTH,
+    relations,
+    safe_for_sympy,
+    within_bounds,
+)
+from sara.envs.tasks.timelimit import call_with_time_limit
 from sara.types import Prompt
 
 __all__ = [
@@ -48,13 +62,10 @@ __all__ = [
     "verify_integer",
 ]
 
-MAX_BOXED_CHARS = 256
-MAX_BRACE_DEPTH = 12
-MAX_EXPONENT_DIGITS = 4
-MAX_NUMBER_DIGITS = 64
-MAX_FACTORIAL = 1000
 MAX_INTEGER_CHARS = 12
 MAX_EQUATION_SIDES = 4
+TIME_LIMIT_S = 3.0
+"""Time limit of one MATH verification's sympy work, in seconds (any thread)."""
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 _BOXED = ("\\boxed", "\\fbox")
@@ -88,85 +99,47 @@ def last_boxed(completion: str) -> str | None:
     return None
 
 
-_NESTED_EXP = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\([^()]*\^|\^\s*[0-9A-Za-z.]*\^|\*\*\s*\(?[0-9A-Za-z.\s]*\*\*")
-_EXPONENT = re.compile(r"(?:\^|\*\*)\s*\{?\s*\(?\s*-?\s*([0-9]+)")
-_DIGITS = re.compile(r"[0-9]+")
-_FACTORIAL = re.compile(r"([0-9]+)\s*\)?\s*!")
 _COMMAND = re.compile(r"\\[A-Za-z]+")
 _LETTER = re.compile(r"[A-Za-z]")
-_HEAVY = ("\\int", "\\sum", "\\prod", "\\lim", "\\oint", "\\iint", "factorial", "binomial", "\\binom")
-"""LaTeX commands sympy would try to evaluate (never in a final MATH answer)."""
+_ASSIGNMENT = re.compile(r":=|\\coloneqq?(?![A-Za-z])")
 
 
-def _bracket_depth(text: str) -> int:
-    depth = deepest = 0
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in ")]}":
-            depth -= 1
-    return deepest
+logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it warns that its alarms are off: we bound time
 
 
-def safe_for_sympy(content: str) -> bool:
-    """Cheap checks that keep pathological expressions (towers, huge powers and factorials) away from sympy."""
-    if len(content) > MAX_BOXED_CHARS or "\x00" in content or _bracket_depth(content) > MAX_BRACE_DEPTH:
-        return False
-    if any(cmd in content for cmd in _HEAVY):
-        return False
-    if _NESTED_EXP.search(content):
-        return False
-    if any(len(m.group(1)) > MAX_EXPONENT_DIGITS for m in _EXPONENT.finditer(content)):
-        return False
-    if any(len(m.group(0)) > MAX_NUMBER_DIGITS for m in _DIGITS.finditer(content)):
-        return False
-    if any(int(m.group(1)) > MAX_FACTORIAL for m in _FACTORIAL.finditer(content)):
-        return False
-    return True
+def _parse(text: str) -> list[Any]:
+    """math-verify's parse of ``text`` as LaTeX (no alarm), or ``[]`` when sympy could not evaluate it within bounds.
 
+    Only LaTeX extraction: math-verify's plain-expression fallback would read a number out of a boxed content that
+    does not parse as a whole (``6 \\foo 5`` would be 5).
+    """
+    from math_verify import LatexExtractionConfig, parse
 
-logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole inputs on timeouts; we count them
+    parsed = parse(text if "\\boxed" in text else "\\boxed{" + text + "}", [LatexExtractionConfig()],
+                   parsing_timeout=None)
+    return parsed if all(within_bounds(p) for p in parsed) else []
 
 
 @functools.lru_cache(maxsize=4096)
-def _gold(answer: str) -> Any:
-    from math_verify import parse
-
-    text = answer if "\\boxed" in answer else "\\boxed{" + answer + "}"
-    return parse(text, **_timeouts("parsing_timeout"))
-
-
-def _timeouts(name: str) -> dict[str, Any]:
-    """math-verify's alarm-based timeout: 1 s in the main thread, off elsewhere (the scorer bounds time there)."""
-    return {name: 1 if threading.current_thread() is threading.main_thread() else None}
+def _gold(answer: str) -> list[Any]:
+    gold = _parse(answer)
+    if not gold and answer.strip():
+        raise ValueError(f"MATH gold answer {answer[:60]!r} cannot be parsed or evaluated within bounds")
+    return gold
 
 
-def verify(completion: str, *, answer: str) -> float:
-    """1.0 if the last ``\\boxed{}`` of the completion is mathematically equal to ``answer`` (math-verify).
-
-    Args:
-        completion: Model output (untrusted).
-        answer: Gold answer in LaTeX, e.g. ``"\\frac{3}{4}"`` (or text containing ``\\boxed{...}``).
-    """
-    if not isinstance(completion, str):
-        return 0.0
-    content = last_boxed(completion)
-    if content is None or not content.strip() or not safe_for_sympy(content):
-        return 0.0
-    from math_verify import parse
+def _score(content: str, answer: str) -> float:
+    """The sympy part of ``verify`` (run under its time limit)."""
     from math_verify import verify as mv_verify
 
-    gold = _gold(str(answer))
-    if not gold:
-        return 0.0
+    gold = _gold(answer)
 
     def equal(text: str) -> bool:
-        pred = parse("\\boxed{" + text + "}", **_timeouts("parsing_timeout"))
-        return bool(pred) and bool(mv_verify(gold, pred, **_timeouts("timeout_seconds")))
+        pred = _parse(text)
+        return bool(pred) and bool(mv_verify(gold, pred, timeout_seconds=None))
 
     sides = content.split("=")
-    if len(sides) > 1 and "=" not in str(answer):  # an equation: each side without a variable must be the answer too
+    if len(sides) > 1 and "=" not in answer:  # an equation: each side without a variable must be the answer too
         if len(sides) > MAX_EQUATION_SIDES:
             return 0.0
         if not all(equal(side) for side in sides[:-1] if not _LETTER.search(_COMMAND.sub("", side))):
@@ -174,7 +147,32 @@ def verify(completion: str, *, answer: str) -> float:
     return 1.0 if equal(content) else 0.0
 
 
-verify.thread_safe = False  # type: ignore[attr-defined]  # sympy's work is bounded only in a worker process
+def verify(completion: str, *, answer: str, time_limit_s: float = TIME_LIMIT_S) -> float:
+    """1.0 if the last ``\\boxed{}`` of the completion is mathematically equal to ``answer`` (math-verify).
+
+    Args:
+        completion: Model output (untrusted).
+        answer: Gold answer in LaTeX, e.g. ``"\\frac{3}{4}"`` (or text containing ``\\boxed{...}``).
+        time_limit_s: Time limit of the sympy work; past it the answer scores 0.
+
+    Raises:
+        ValueError: The gold answer cannot be parsed, or not evaluated within bounds.
+    """
+    if not isinstance(completion, str):
+        return 0.0
+    content = last_boxed(completion)
+    if content is None or not content.strip():
+        return 0.0
+    content, answer = _ASSIGNMENT.sub("=", content), str(answer)
+    if not safe_for_sympy(content) or relations(content) - relations(answer):
+        return 0.0
+    import math_verify  # noqa: F401  - imported here, outside the time limit, once
+
+    finished, score = call_with_time_limit(lambda: _score(content, answer), time_limit_s)
+    return score if finished and score is not None else 0.0
+
+
+verify.thread_safe = False  # type: ignore[attr-defined]  # worker processes also cap its memory
 
 
 def verify_integer(completion: str, *, answer: int | str) -> float:
@@ -244,7 +242,7 @@ def _make(task_id: str, bundled: str, integer: bool, options: dict[str, Any]) ->
         verifier=verify_integer if integer else verify,
         template="{prompt}\n" + cfg.instruction if cfg.instruction else "{prompt}",
         chat=cfg.chat,
-        thread_safe=integer,  # math-verify: alarm-based timeouts and sympy work that may need a hard kill
+        thread_safe=integer,  # math-verify: sympy work that only a worker process caps in memory
         timeout_s=cfg.timeout_s,
         max_new_tokens=2048,
         description=("competition math, integer answer in \\boxed{}" if integer

@@ -1,7 +1,7 @@
 """Verifier worker processes (``BatchScorer(mode="process")``): bounded in time and memory, deaf to Ctrl-C.
 
 Each worker is a process that imports the verifier once and then scores ``(index, completion, answer)`` messages in
-its main thread (so math-verify's ``signal.alarm`` timeouts work there). What bounds a call:
+its main thread (so a verifier's ``signal.alarm`` timeouts work there). What bounds a call:
 
 - time: the parent kills a worker whose call runs past ``timeout_s`` (the item is a ``TIMEOUT``) and starts a
   replacement;
