@@ -28,6 +28,9 @@ def test_start_and_checkpoint_populations(tmp_path, capsys):
     assert start["population"]["optimal"]["rollouts_per_effective_group"] <= \
         start["population"]["ds"]["rollouts_per_effective_group"] + 1e-9  # the optimal rule never costs more than DS
     assert "| mixed |" in capsys.readouterr().out
+    tok = start["tokens"]  # the tiny policy's answers are a few characters: finite means where there are rollouts
+    assert tok["all"] > 0 and set(tok) == {"all", "right", "wrong", "solved", "unsolved", "mixed"}
+
     run = tmp_path / "run"
     assert main(["train", "--config", str(cfg), "--out", str(run), "--quiet"]) == 0
     (ckpt,) = sorted((run / "checkpoints").glob("ckpt-*.pt"))
@@ -36,3 +39,14 @@ def test_start_and_checkpoint_populations(tmp_path, capsys):
                  "--json", str(out2)]) == 0
     after = json.loads(out2.read_text())
     assert after["k"] == 4 and after["config"]["checkpoint"] == str(ckpt) and len(after["rates"]) == 24
+
+
+def test_token_figures_split_rollouts_by_outcome():
+    from sara.bench.population import token_figures
+
+    rewards = np.array([[1, 1], [0, 0], [1, 0]], float)
+    tokens = np.array([[10, 20], [40, 60], [30, 50]], float)
+    t = token_figures(rewards, tokens)
+    assert t["all"] == 35 and t["right"] == 20 and t["wrong"] == 50
+    assert t["solved"] == 15 and t["unsolved"] == 50 and t["mixed"] == 40
+    assert np.isnan(token_figures(np.zeros((1, 2)), np.ones((1, 2)))["right"])

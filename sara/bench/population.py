@@ -3,7 +3,8 @@
 A run's config (or a checkpoint of it) gives the task, the policy and the backend; ``samples`` seeded rollouts of each
 of ``prompts`` pool prompts (drawn with ``seed``, rollout seeds apart from training's) estimate every prompt's success
 rate ``p``. From those rates: the chance that a size-k group is solved (all 1), unsolved (all 0) or mixed, the mean
-rate per mixture component, and the exact per-prompt figures of DS, the paper's rule and the Bayes-optimal
+rate per mixture component, the mean generated tokens of right and wrong rollouts and of the rollouts of prompts
+that were solved, unsolved or mixed in the sample (where the tokens of saturated groups go), and the exact per-prompt figures of DS, the paper's rule and the Bayes-optimal
 within-step rule on that population (``sara.bench.diagnose.population_figures``: probe 1, complete groups) — the floor
 a within-step stopping rule can reach on it, against which a training run's rollouts per effective group are read.
 
@@ -45,11 +46,12 @@ def run_population_bench(cfg: PopulationBenchConfig, log: Callable[[str], None] 
 
     Returns:
         ``{"config", "k", "prompts", "samples", "mean", "solved", "unsolved", "mixed", "by_component",
-        "population": {"ds" | "paper" | "optimal": rule figures}, "seconds", "rates"}``.
+        "population": {"ds" | "paper" | "optimal": rule figures}, "tokens": ``token_figures``, "seconds",
+        "rates"}``.
     """
     import time
 
-    from sara.bench.diagnose import estimate_rates, population_figures
+    from sara.bench.diagnose import population_figures
     from sara.train import TrainConfig, Trainer, load_config
     from sara.train.checkpoint import load_checkpoint
 
@@ -65,14 +67,43 @@ def run_population_bench(cfg: PopulationBenchConfig, log: Callable[[str], None] 
             idx = np.sort(np.random.default_rng(cfg.seed).choice(len(env.prompts), n, replace=False))
             log(f"{n} prompts x {cfg.samples} samples ({'checkpoint ' + cfg.checkpoint if state else 'start'})")
             t0 = time.perf_counter()
-            rates = estimate_rates(env, idx, cfg.samples, seed=cfg.seed)
+            rewards, tokens = sample_outcomes(env, idx, cfg.samples, seed=cfg.seed)
+            rates = rewards.mean(1)
             seconds = time.perf_counter() - t0
             comps = [str(env.prompts[int(i)].metadata.get("component", "")) for i in idx]
     solved, unsolved = float(np.mean(rates ** k)), float(np.mean((1.0 - rates) ** k))
     by = {c: float(rates[[x == c for x in comps]].mean()) for c in sorted(set(comps)) if c}
     return {"config": cfg.model_dump(), "k": k, "prompts": n, "samples": cfg.samples, "mean": float(rates.mean()),
             "solved": solved, "unsolved": unsolved, "mixed": 1.0 - solved - unsolved, "by_component": by,
-            "population": population_figures(rates, k), "seconds": seconds, "rates": rates.tolist()}
+            "population": population_figures(rates, k), "tokens": token_figures(rewards, tokens),
+            "seconds": seconds, "rates": rates.tolist()}
+
+
+def sample_outcomes(env: Any, pool_index: np.ndarray, samples: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(rewards, generated tokens)``, each ``[prompts, samples]``, of ``samples`` seeded rollouts of each prompt
+    (the seeds of ``sara.bench.diagnose.estimate_rates``, apart from training's)."""
+    from sara.seeding import derive_seeds
+    from sara.types import RolloutRequest
+
+    idx = np.asarray(pool_index, np.int64)
+    seeds = derive_seeds(seed, 0x5EED, idx[:, None], np.arange(samples)[None, :])
+    reqs = [RolloutRequest(unit_id=i, pool_index=int(p), prompt=env.prompts[int(p)], seeds=tuple(int(x) for x in s))
+            for i, (p, s) in enumerate(zip(idx, seeds))]
+    out = env.rollout(reqs)
+    return (np.array([[r.reward for r in rs] for rs in out], np.float64),
+            np.array([[r.num_tokens for r in rs] for rs in out], np.float64))
+
+
+def token_figures(rewards: np.ndarray, tokens: np.ndarray) -> dict[str, float]:
+    """Mean generated tokens per rollout: all, right (reward > 0.5) and wrong rollouts, and the rollouts of prompts
+    whose samples were all right (``solved``), all wrong (``unsolved``) or both (``mixed``); NaN where there are
+    none."""
+    right = rewards > 0.5
+    solved, unsolved = right.all(1), (~right).all(1)
+    mean = lambda m: float(tokens[m].mean()) if m.any() else float("nan")  # noqa: E731
+    rows = np.ones_like(right)
+    return {"all": mean(rows), "right": mean(right), "wrong": mean(~right), "solved": mean(rows & solved[:, None]),
+            "unsolved": mean(rows & unsolved[:, None]), "mixed": mean(rows & ~(solved | unsolved)[:, None])}
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -84,6 +115,12 @@ def format_table(report: dict[str, Any]) -> str:
     if report["by_component"]:
         lines += ["", "| component | mean success rate |", "|---|---:|"]
         lines += [f"| {c} | {v:.3f} |" for c, v in report["by_component"].items()]
+    if "tokens" in report:
+        t = report["tokens"]
+        lines += ["", "| rollouts | mean generated tokens |", "|---|---:|"]
+        lines += [f"| {name} | {t[key]:.1f} |" for name, key in (
+            ("all", "all"), ("right", "right"), ("wrong", "wrong"), ("of prompts all right in the sample", "solved"),
+            ("of prompts all wrong", "unsolved"), ("of prompts with both", "mixed"))]
     lines += ["", "| rule (probe 1, complete groups) | rollouts / effective group | vs DS | wrong abandons |",
               "|---|---:|---:|---:|"]
     for name, fig in report["population"].items():
