@@ -47,8 +47,8 @@ _NUMBER = r"(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?|\.[0-9]+"
 _PLAIN = re.compile(r"-?(?:%s)" % _NUMBER, re.ASCII)  # noqa: UP031
 _ANSWER = re.compile(r"([-+]?)(\$?)([-+]?)(%s)%%?" % _NUMBER, re.ASCII)  # noqa: UP031
 _LIST = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:,[0-9]+(?:\.[0-9]+)?)+", re.ASCII)
-_GLUE = r"A-Za-z0-9.,/^*+\-_$%"
-_DIGIT_TOKEN = re.compile(r"(?<![%s])[A-Za-z.,/^*+\-_$%%]*[0-9][%s]*" % (_GLUE, _GLUE), re.ASCII)  # noqa: UP031
+_GLUE = re.compile(r"[A-Za-z0-9.,/^*+\-_$%]*", re.ASCII)
+_GLUE_TAIL = re.compile(r"[A-Za-z0-9.,/^*+\-_$%]*\Z", re.ASCII)
 _STRICT_END = re.compile(r"\s|</|<\|")
 _SPACE = re.compile(r"\s*")
 _LEAD, _TRAIL = "*_([\"'", ".,;:!?)]}\"'*_$"
@@ -116,14 +116,17 @@ def _strict(completion: str) -> Fraction | None:
 
 
 def _flexible(completion: str) -> Fraction | None:
-    last = None
-    for last in _DIGIT_TOKEN.finditer(completion):  # noqa: B007 - we want the last token (one scan, no copies)
-        pass
-    if last is None or last.end() - last.start() > _MAX_TOKEN:
+    digit = max(completion.rfind(d) for d in "0123456789")  # the last digit is in the last token holding one
+    if digit < 0:
         return None
-    if completion.endswith(_ARGUMENT, max(0, last.start() - 6), last.start()):
+    after = _GLUE.match(completion, digit, digit + _MAX_TOKEN + 1).end()  # type: ignore[union-attr]
+    window = max(0, digit - _MAX_TOKEN - 1)
+    start = _GLUE_TAIL.search(completion, window, digit).start()  # type: ignore[union-attr]
+    if after - start > _MAX_TOKEN or (start == window and window > 0):  # too long to be a number: not copied
         return None
-    return _number(last.group(0), False, False, "flexible")
+    if completion.endswith(_ARGUMENT, max(0, start - 6), start):
+        return None
+    return _number(completion[start:after], False, False, "flexible")
 
 
 def extract_answer(completion: str, mode: Literal["strict", "flexible"] = "strict") -> Fraction | None:
