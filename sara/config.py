@@ -8,14 +8,23 @@ offending field and what to change, e.g.::
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
-__all__ = ["SaraModel", "SaraError", "ConfigError", "parse_spec", "validate_config"]
+__all__ = ["MAX_SEED", "MIN_TEMPERATURE", "SaraModel", "SaraError", "ConfigError", "parse_spec", "validate_config"]
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_SEED = 2**32 - 1
+"""Largest seed a config accepts: seeds are mixed into 64-bit integers (``sara.seeding``), with room for the offsets
+added to them (``sara matrix``'s seed + i)."""
+MIN_TEMPERATURE = 0.01
+"""Lowest sampling temperature a config accepts. Below it sampling is greedy in all but name (k identical rollouts, a
+saturated group), vLLM silently samples at this temperature instead (so the learner's log-probs would not be the
+generator's), and logits divided by the temperature overflow in half precision."""
 
 
 class SaraError(Exception):
@@ -36,6 +45,46 @@ class SaraModel(BaseModel):
     other_rules: ClassVar[Mapping[str, str]] = {}
     """Options that belong to another registered rule, mapped to its name: giving one here is an error that names
     the spec to use instead (a name always means one rule)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse ``true`` / ``false`` where a number goes (pydantic would read them as 1 / 0)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _bool_for_number(field.annotation, value):
+            raise ValueError("true / false where a number goes (a boolean is not 1 or 0); give a number")
+        return value
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a value of ``annotation`` may be: a union's members (None left out), ``Annotated`` unwrapped."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _members(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return [m for a in get_args(annotation) for m in _members(a) if m is not type(None)]
+    return [annotation]
+
+
+def _bool_for_number(annotation: Any, value: Any) -> bool:
+    """Whether ``value`` holds a bool (at any depth of a list, tuple or mapping) where ``annotation`` takes an
+    ``int`` or a ``float`` and no bool."""
+    members = _members(annotation)
+    if isinstance(value, bool):
+        numbers = any(m in (int, float) for m in members)
+        takes_bool = any(m in (bool, Any, object) or (get_origin(m) is Literal and any(
+            isinstance(a, bool) for a in get_args(m))) for m in members)
+        return numbers and not takes_bool
+    for m in members:
+        origin, args = get_origin(m), get_args(m)
+        if origin in (tuple, list, set, frozenset) and isinstance(value, (list, tuple)) and args:
+            fixed = origin is tuple and args[-1] is not Ellipsis
+            if any(_bool_for_number(args[i] if fixed and i < len(args) else args[0], v) for i, v in enumerate(value)):
+                return True
+        elif origin is dict and isinstance(value, Mapping) and len(args) == 2:
+            if any(_bool_for_number(args[1], v) for v in value.values()):
+                return True
+    return False
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

@@ -10,18 +10,23 @@
   570-byte alias bomb would expand to billions) and nest at most ``MAX_DEPTH`` levels.
 
 Every failure is a one-line ``ConfigError`` that starts with ``what`` (the file, or the ``--set`` item).
-``parse_value(raw, what=...)`` reads one ``--set`` value the same way.
+``parse_value(raw, what=...)`` reads one ``--set`` value the same way. ``read_config(path)`` reads a config file's
+text: at most ``MAX_CONFIG_BYTES`` of it, so a huge file or a device (``/dev/zero``) is refused without being read
+whole.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 from sara.config import ConfigError
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "check_size", "load_yaml", "parse_value"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_DEPTH", "MAX_NODES", "check_size", "load_yaml", "parse_value", "read_config"]
 
+MAX_CONFIG_BYTES = 2**20
+"""Largest config file, in bytes (1 MiB: room for ``MAX_NODES`` short values)."""
 MAX_NODES = 100_000
 """Most values (mapping entries, list items, scalars; repeats counted) one config may expand to."""
 MAX_DEPTH = 64
@@ -116,6 +121,29 @@ def check_size(value: Any, *, what: str) -> Any:
         elif isinstance(node, (list, tuple)):
             stack.extend((v, depth + 1) for v in node)
     return value
+
+
+def read_config(path: str | os.PathLike[str], *, expected: str = "YAML/JSON config file") -> str:
+    """The UTF-8 text of the config file ``path``, of which at most ``MAX_CONFIG_BYTES + 1`` bytes are read.
+
+    Raises:
+        ConfigError: naming the file: it cannot be read (the message asks for an existing ``expected``), it holds
+            more than ``MAX_CONFIG_BYTES`` bytes, or it is not UTF-8.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot be read ({exc.strerror or exc}); pass an existing {expected}"
+                          ) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {path}: larger than {MAX_CONFIG_BYTES:,} bytes, the most a config may hold; pass "
+                          f"a {expected} (data belongs in the files a task reads)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML or JSON"
+                          ) from None
 
 
 def load_yaml(text: str, *, what: str) -> Any:

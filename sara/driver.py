@@ -53,8 +53,9 @@ class DriverConfig(SaraModel):
     barrier: bool = True
     """True: synchronous rounds (a round is dispatched whole, generated in one batched ``env.rollout`` call and
     delivered at once). False: streaming (single rollouts on a ``StreamingEnv``, refilled as they finish)."""
-    slots: int | None = Field(None, ge=1)
-    """Streaming: rollouts kept in flight at most (None = the environment's capacity, ``env.slots``)."""
+    slots: int | None = Field(None, ge=1, le=65_536)
+    """Streaming: rollouts kept in flight at most, at most 65,536 (None = the environment's capacity,
+    ``env.slots``)."""
     carry_lag: int = Field(0, ge=0)
     """Streaming: hand open units and their running rollouts to the next step (``CollectResult.carry``) while their
     oldest rollout will be at most this many steps old when trained on; 0: abort and discard them at the step's end."""

@@ -55,10 +55,10 @@ class HFBackendConfig(SaraModel):
     """Weight dtype of the generating copy (bf16 is ~3x faster than fp32 on CPUs with AVX512-BF16)."""
     device: str = "cpu"
     """Torch device of the generating model."""
-    max_batch_size: int = Field(64, ge=1)
-    """Rows (completions) decoded together: larger rounds are split into chunks of whole requests, and the streaming
-    loop (``submit`` / ``poll``, ``sara.backends.hf_stream``) decodes at most this many (the engine's capacity,
-    ``slots``)."""
+    max_batch_size: int = Field(64, ge=1, le=4096)
+    """Rows (completions) decoded together, at most 4096: larger rounds are split into chunks of whole requests, and
+    the streaming loop (``submit`` / ``poll``, ``sara.backends.hf_stream``) decodes at most this many (the engine's
+    capacity, ``slots``)."""
     share_policy: bool = False
     """Generate with the trainer's policy module itself (no copy, weight sync is free, but generation runs in the
     policy's dtype); otherwise the backend holds its own copy in ``dtype`` and ``update_weights`` copies the state."""

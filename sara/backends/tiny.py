@@ -28,11 +28,11 @@ __all__ = ["TinyBackend", "TinyBackendConfig", "make_tiny_backend"]
 class TinyBackendConfig(SaraModel):
     """Options of the tiny backend."""
 
-    forward_rows: int = Field(4096, ge=1)
-    """Rows per forward pass (larger batches are split; results do not change)."""
-    max_batch_size: int = Field(256, ge=1)
-    """The engine's capacity when streaming (``submit`` / ``poll``): completions decoded concurrently; further
-    submissions queue and join as rows finish (continuous batching)."""
+    forward_rows: int = Field(4096, ge=1, le=65_536)
+    """Rows per forward pass (larger batches are split; results do not change), at most 65,536."""
+    max_batch_size: int = Field(256, ge=1, le=65_536)
+    """The engine's capacity when streaming (``submit`` / ``poll``): completions decoded concurrently, at most 65,536;
+    further submissions queue and join as rows finish (continuous batching)."""
 
 
 class TinyBackend:

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from sara.config import SaraModel
+from sara.config import MIN_TEMPERATURE, SaraModel
 from sara.hub import NON_MODEL_PREFIXES, resolve_hf_model
 from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
 
@@ -39,8 +39,9 @@ class HFPolicyConfig(SaraModel):
     """Torch device."""
     value_head: bool = False
     """Add a scalar value head on the last hidden state (PPO / GAE)."""
-    temperature: float = Field(1.0, gt=0)
-    """Logits are divided by this before the log-softmax (match the sampling temperature if the loss needs it)."""
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE)
+    """Logits are divided by this before the log-softmax (match the sampling temperature if the loss needs it); at
+    least ``sara.config.MIN_TEMPERATURE``."""
     compute_dtype: Literal["auto", "float32", "bfloat16"] = "float32"
     """Dtype of the forward / backward matmuls. ``bfloat16``: autocast over the ``dtype`` weights (float32 master
     weights and AdamW state; log-softmax and losses stay float32). ``auto``: bfloat16 where the device multiplies

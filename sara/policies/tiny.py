@@ -64,8 +64,8 @@ class WarmStartConfig(SaraModel):
     everywhere, where a step count does not."""
     loss_window: int = Field(25, ge=1)
     """Steps averaged for ``target_loss`` (one step's loss is noisy)."""
-    batch_size: int = Field(128, ge=1)
-    """Sequences per step."""
+    batch_size: int = Field(128, ge=1, le=65_536)
+    """Sequences per step, at most 65,536."""
     lr: float = Field(2e-3, gt=0)
     """AdamW learning rate (constant)."""
     weight_decay: float = Field(0.0, ge=0)

@@ -16,16 +16,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
-from sara.config import SaraModel
+from sara.config import MAX_SEED, SaraModel
 from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
 from sara.seeding import uniform_from_seeds
 
-__all__ = ["CharTokenizer", "TinyConfig", "TinyPolicy", "PAD", "BOS", "EOS", "num_parameters"]
+__all__ = ["CharTokenizer", "MAX_TINY_PARAMETERS", "TinyConfig", "TinyPolicy", "PAD", "BOS", "EOS", "num_parameters"]
 
 PAD, BOS, EOS = 0, 1, 2
+MAX_TINY_PARAMETERS = 2**28
+"""Most parameters a ``TinyConfig`` may ask for (268 M: 1 GiB of float32 weights, four times that with gradients and
+AdamW's moments), checked before any weight is allocated."""
 
 
 class CharTokenizer:
@@ -74,18 +77,18 @@ class TinyConfig(SaraModel):
 
     alphabet: str = "0123456789+-="
     """Characters of the vocabulary (PAD, BOS, EOS are added)."""
-    d_model: int = Field(128, ge=8)
-    """Model width."""
-    n_layers: int = Field(3, ge=1)
-    """Transformer blocks."""
-    n_heads: int = Field(4, ge=1)
-    """Attention heads (must divide d_model)."""
-    max_len: int = Field(32, ge=4)
-    """Maximum sequence length (BOS + prompt + completion)."""
+    d_model: int = Field(128, ge=8, le=8192)
+    """Model width, at most 8192."""
+    n_layers: int = Field(3, ge=1, le=256)
+    """Transformer blocks, at most 256."""
+    n_heads: int = Field(4, ge=1, le=1024)
+    """Attention heads (must divide d_model), at most 1024."""
+    max_len: int = Field(32, ge=4, le=4096)
+    """Maximum sequence length (BOS + prompt + completion), at most 4096."""
     value_head: bool = False
     """Add a scalar value head (PPO's critic) on the final hidden state."""
-    init_seed: int = 0
-    """Seed of the weight initialisation."""
+    init_seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed of the weight initialisation, in [0, ``sara.config.MAX_SEED``]."""
     digit_places: bool = True
     """Add "digit place" embeddings (Abacus-style): each prompt digit gets its place counted from the right of its
     number (units, tens, ...), each completion token its offset after the prompt's first ``=``. Computed from the
@@ -99,6 +102,22 @@ class TinyConfig(SaraModel):
         if d is not None and d % v:
             raise ValueError(f"n_heads ({v}) must divide d_model ({d})")
         return v
+
+    @model_validator(mode="after")
+    def _fits(self) -> TinyConfig:
+        n = self.parameter_count()
+        if n > MAX_TINY_PARAMETERS:
+            raise ValueError(f"field 'd_model': d_model={self.d_model}, n_layers={self.n_layers}, max_len="
+                             f"{self.max_len} and {len(self.alphabet)} characters make {n:,} parameters, more than "
+                             f"{MAX_TINY_PARAMETERS:,}; lower d_model or n_layers")
+        return self
+
+    def parameter_count(self) -> int:
+        """Parameters of the network this config describes (value head included), counted without building it."""
+        v, d, t = len(self.alphabet) + 3, self.d_model, self.max_len
+        places = (2 * t + 2) * d if self.digit_places and "=" in self.alphabet else 0
+        blocks = self.n_layers * (12 * d * d + 13 * d)  # two LayerNorms, qkv, proj, a 4x MLP
+        return 2 * v * d + t * d + blocks + 2 * d + (d + 1) * self.value_head + places
 
 
 class _Block(nn.Module):

@@ -13,10 +13,24 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sara.backends.ray.config import RayTrainOptions
-from sara.config import ConfigError, SaraModel, parse_spec, validate_config
+from sara.config import MAX_SEED, MIN_TEMPERATURE, ConfigError, SaraModel, parse_spec, validate_config
 from sara.driver import DriverConfig
 
-__all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads"]
+__all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads",
+           "MAX_GROUP_SIZE", "MAX_GROUPS_PER_STEP", "MAX_NEW_TOKENS", "MAX_STEP_ROLLOUTS", "MAX_STEP_TOKENS",
+           "MAX_THREADS"]
+
+MAX_THREADS = 1024
+"""Largest ``TrainConfig.threads``: more than the hardware threads of any common machine (far more threads than that
+only oversubscribe the cores, and tens of thousands exhaust the process's thread limit inside OpenMP)."""
+MAX_GROUP_SIZE = 1024
+"""Largest group size ``k`` (and ``eval.samples``)."""
+MAX_GROUPS_PER_STEP = 65_536
+"""Largest ``TrainConfig.groups_per_step``."""
+MAX_STEP_ROLLOUTS = 2**17
+"""Largest batch a step asks for, ``k x groups_per_step`` rollouts (131,072)."""
+MAX_STEP_TOKENS = 2**30
+"""Largest ``k x groups_per_step x max_new_tokens``: the generated tokens a step's batch may hold."""
 
 
 class OptimConfig(SaraModel):
@@ -52,10 +66,11 @@ class EvalConfig(SaraModel):
 
     every: int = Field(10, ge=0)
     """Evaluate every this many training steps (0 = only before training and at the end)."""
-    num_prompts: int = Field(500, ge=1)
-    """Held-out prompts used (the first ones of the task's eval split)."""
-    samples: int = Field(4, ge=1)
-    """Sampled completions per prompt at the training temperature (``eval/acc_sample``)."""
+    num_prompts: int = Field(500, ge=1, le=1_000_000)
+    """Held-out prompts used (the first ones of the task's eval split), at most 1,000,000."""
+    samples: int = Field(4, ge=1, le=MAX_GROUP_SIZE)
+    """Sampled completions per prompt at the training temperature (``eval/acc_sample``), at most
+    ``MAX_GROUP_SIZE``."""
     greedy: bool = True
     """Also report greedy accuracy (``eval/acc_greedy``)."""
     by: str | None = "component|<length>"
@@ -85,8 +100,8 @@ class TrainConfig(SaraModel):
 
     name: str = "grpo-sara-arithmetic"
     """Run name (the default output directory is ``runs/<name>``): non-empty, relative, no ``..``."""
-    seed: int = Field(0, ge=0)
-    """Seed of rollouts, prompt order and mini-batch order."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed of rollouts, prompt order and mini-batch order, in [0, ``MAX_SEED``]."""
     task: str = "sara/Mixture-v0:components=arithmetic-bands,pool_size=1000,eval_size=200"
     """Task id or spec, see ``sara.envs.tasks``, or a ``Task`` object (registered by ``sara.envs.tasks.task_spec``
     and replaced by the name it got: its id, or ``<id>#<n>`` when that id names something else). Default: a fixed
@@ -117,19 +132,22 @@ class TrainConfig(SaraModel):
     ``sara.allocators``)."""
     sampler: str = "uniform"
     """Prompt sampler spec, e.g. ``"uniform"``, ``"predictive:decay=0.95"`` (see ``sara.samplers.SAMPLERS``)."""
-    k: int = Field(8, ge=2)
-    """Group size (rollouts per prompt when a group is complete): the one source of ``k`` for the allocator, the
-    sampler and the DS estimate (an allocator or sampler spec that sets another ``k`` is an error)."""
-    groups_per_step: int = Field(32, ge=1)
-    """Committed groups wanted per step (the training batch, in groups)."""
+    k: int = Field(8, ge=2, le=MAX_GROUP_SIZE)
+    """Group size (rollouts per prompt when a group is complete), at most ``MAX_GROUP_SIZE``: the one source of ``k``
+    for the allocator, the sampler and the DS estimate (an allocator or sampler spec that sets another ``k`` is an
+    error)."""
+    groups_per_step: int = Field(32, ge=1, le=MAX_GROUPS_PER_STEP)
+    """Committed groups wanted per step (the training batch, in groups), at most ``MAX_GROUPS_PER_STEP``; with ``k``,
+    at most ``MAX_STEP_ROLLOUTS`` rollouts (and ``MAX_STEP_TOKENS`` tokens at ``max_new_tokens``) a step."""
     max_rollouts_per_step: int | None = Field(None, ge=1)
     """Hard rollout budget of one step (None = none)."""
     rollout_budget: int | None = Field(None, ge=1)
     """Rollouts for the whole run; training stops when it is spent (None = run ``steps`` steps)."""
     steps: int = Field(80, ge=0)
     """Training (collection) steps at most."""
-    temperature: float = Field(1.0, gt=0, le=10)
-    """Sampling temperature of training rollouts and of ``eval/acc_sample``, in (0, 10]."""
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=10)
+    """Sampling temperature of training rollouts and of ``eval/acc_sample``, in [``MIN_TEMPERATURE``, 10] (0.01: a
+    lower one is greedy decoding in all but name, which no group-relative algorithm learns from)."""
     max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     """Generation cap, at most ``MAX_NEW_TOKENS`` (None = the task's suggestion)."""
     scorer: Literal["auto", "thread", "process", "inline"] = "auto"
@@ -163,8 +181,8 @@ class TrainConfig(SaraModel):
     out_dir: str | None = None
     """Output directory, a path taken literally (None = ``runs/<name>``). One run at a time writes to it (a lock
     file, ``.sara.lock``)."""
-    threads: int | None = Field(None, ge=1)
-    """``torch.set_num_threads`` (None = leave torch's default)."""
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS)
+    """``torch.set_num_threads``, at most ``MAX_THREADS`` (None = leave torch's default)."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool | None = None
@@ -222,6 +240,14 @@ class TrainConfig(SaraModel):
             if "k" in options and options["k"].strip() != str(self.k):
                 raise ValueError(f"field '{field}': sets k={options['k']} but the run's k is {self.k}; drop k from "
                                  f"the {field} spec (the group size comes from the field 'k')")
+        rollouts = self.k * self.groups_per_step
+        if rollouts > MAX_STEP_ROLLOUTS:
+            raise ValueError(f"field 'groups_per_step': k x groups_per_step = {rollouts:,} rollouts a step, more than "
+                             f"{MAX_STEP_ROLLOUTS:,}; lower groups_per_step or k")
+        if self.max_new_tokens is not None and rollouts * self.max_new_tokens > MAX_STEP_TOKENS:
+            raise ValueError(f"field 'max_new_tokens': k x groups_per_step x max_new_tokens = "
+                             f"{rollouts * self.max_new_tokens:,} tokens a step, more than {MAX_STEP_TOKENS:,}; lower "
+                             "max_new_tokens, groups_per_step or k")
         return self
 
     def component(self, field: Literal["policy", "backend"]) -> tuple[str, dict[str, Any]]:
@@ -309,19 +335,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
         ConfigError: an unreadable or invalid file (not UTF-8, not YAML, a duplicate key, an alias bomb, not a
             mapping), a malformed override, or an invalid field value.
     """
-    from sara.configfile import load_yaml
+    from sara.configfile import load_yaml, read_config
 
     data: dict[str, Any] = dict(base or {})
     if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"config {path}: cannot be read ({exc.strerror or exc}); pass an existing YAML/JSON "
-                              "file of TrainConfig fields") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML or JSON"
-                              ) from None
-        loaded = load_yaml(text, what=f"config {path}")
+        loaded = load_yaml(read_config(path, expected="YAML/JSON file of TrainConfig fields"), what=f"config {path}")
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -333,8 +351,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
 
 
 def default_threads() -> int:
-    """Threads for torch: the cores this process may use."""
+    """Threads for torch: the cores this process may use (at most ``MAX_THREADS``)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_THREADS))

@@ -3,6 +3,8 @@ finite weights.
 
 ``StopSignals``: while active, the first SIGINT or SIGTERM only sets ``received`` (the trainer finishes the running
 step, writes a checkpoint and returns); a second one gets the default behaviour (``KeyboardInterrupt`` / termination).
+So does the first one when the run has not stopped ``grace_s`` seconds after it (``STOP_GRACE_S``, or the environment
+variable ``SARA_STOP_GRACE_S``): a step that never ends cannot keep a run alive, and no checkpoint is written of it.
 
 ``VerifierHealth``: per step, the verifier errors and timeouts among that step's rollouts (``env/verifier_errors``,
 ``env/verifier_timeouts``), their run totals, and a ``VerifierFailure`` when a step's share exceeds the configured
@@ -17,16 +19,25 @@ effective) stops the run with a ``StepLimitReached`` naming the step and the lik
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 import threading
 from typing import Any
 
-from sara.config import SaraError
+from sara.config import ConfigError, SaraError
 from sara.envs.task_env import ReportsVerifierFailures
 from sara.step import CollectObserver
 
-__all__ = ["NonFiniteTraining", "StepLimitReached", "StopSignals", "VerifierFailure", "VerifierHealth",
-           "check_finite", "check_step_limit"]
+__all__ = ["NonFiniteTraining", "STOP_GRACE_S", "StepLimitReached", "StopSignals", "VerifierFailure", "VerifierHealth",
+           "check_finite", "check_step_limit", "stop_grace_s"]
+
+STOP_GRACE_S = 20.0
+"""Seconds a run may take to stop after its first SIGINT / SIGTERM before the signal is delivered again (default of
+``SARA_STOP_GRACE_S``). Less than the 30 s that Kubernetes and Slurm wait between SIGTERM and SIGKILL by default, so a
+run stopped there exits on its own, with a message."""
+MAX_STOP_GRACE_S = 86_400.0
+"""Largest ``SARA_STOP_GRACE_S``."""
 
 
 class VerifierFailure(SaraError, RuntimeError):
@@ -82,31 +93,83 @@ def check_finite(step: int, metrics: dict[str, float], policy: Any, config: Any)
         "optim.lr or set optim.grad_clip, then --resume from the last checkpoint")
 
 
+def stop_grace_s() -> float:
+    """``SARA_STOP_GRACE_S`` when set (seconds in (0, ``MAX_STOP_GRACE_S``]), else ``STOP_GRACE_S``.
+
+    Raises:
+        ConfigError: the variable is not such a number.
+    """
+    raw = os.environ.get("SARA_STOP_GRACE_S", "").strip()
+    if not raw:
+        return STOP_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_STOP_GRACE_S:
+        raise ConfigError(f"SARA_STOP_GRACE_S={raw!r}: give the seconds a run may take to stop after SIGINT / "
+                          f"SIGTERM, a number in (0, {MAX_STOP_GRACE_S:g}] (default {STOP_GRACE_S:g})")
+    return value
+
+
+def _say(text: str) -> None:
+    """Write a line to stderr's file descriptor (a signal handler must not re-enter ``sys.stderr``)."""
+    try:
+        os.write(2, f"{text}\n".encode())
+    except OSError:  # pragma: no cover - stderr closed
+        pass
+
+
 class StopSignals:
     """Context manager: the first SIGINT / SIGTERM sets ``received`` to the signal's name; the second is not caught.
 
-    Outside the main thread (where Python cannot install handlers) it does nothing and ``received`` stays None.
+    The first one also starts a countdown of ``grace_s`` seconds: if the block is still running when it ends, the
+    signal is sent again and gets the behaviour a second one would (``KeyboardInterrupt`` for SIGINT, the process's
+    earlier SIGTERM handling, by default termination), after a line on stderr saying so. Outside the main thread
+    (where Python cannot install handlers) it does nothing and ``received`` stays None.
+
+    Args:
+        grace_s: Seconds the block may take to end after the first signal (default: ``stop_grace_s()``).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float | None = None) -> None:
+        self.grace_s = stop_grace_s() if grace_s is None else float(grace_s)
         self.received: str | None = None
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self._timer: threading.Timer | None = None
+        self._active = False
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.received, self.signum = signal.Signals(signum).name, signum
         for s, handler in self._previous.items():  # a second signal is not deferred
             signal.signal(s, handler)
+        _say(f"sara: {self.received}: stopping after the running step (within {self.grace_s:g} s; a second signal "
+             "stops at once)")
+        self._timer = threading.Timer(self.grace_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        if not self._active or self.signum is None:
+            return
+        _say(f"sara: {self.received}: still running {self.grace_s:g} s after it; stopping now, without finishing "
+             "or checkpointing the running step (SARA_STOP_GRACE_S sets the wait)")
+        os.kill(os.getpid(), self.signum)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
+            self._active = True
             for s in self.SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._active = False
+        if self._timer is not None:
+            self._timer.cancel()
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous = {}

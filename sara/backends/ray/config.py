@@ -22,8 +22,8 @@ backend spec string ``"name:key=value,..."`` resolved in the worker through ``sa
 class RayPoolConfig(SaraModel):
     """Options of a Ray rollout pool (``sara train --ray`` fills ``num_workers`` and ``address``)."""
 
-    num_workers: int = Field(2, ge=1)
-    """Number of actors (one engine each; on a GPU cluster usually one per GPU)."""
+    num_workers: int = Field(2, ge=1, le=1024)
+    """Number of actors (one engine each; on a GPU cluster usually one per GPU), at most 1024."""
     num_cpus: float = Field(1.0, ge=0)
     """CPUs reserved per actor."""
     num_gpus: float = Field(0.0, ge=0)

@@ -92,10 +92,10 @@ class ArithmeticConfig(SaraModel):
     """Operations to draw from, a non-empty subset of ``"+-"``."""
     allow_negative: bool = True
     """Allow negative results (``False`` swaps the operands of ``a-b`` when ``a < b``)."""
-    pool_size: int = Field(10_000, ge=1, le=5_000_000)
-    """Number of distinct training prompts."""
-    eval_size: int = Field(500, ge=0, le=1_000_000)
-    """Number of distinct held-out prompts (disjoint from the training pool)."""
+    pool_size: int = Field(10_000, ge=1, le=1_000_000)
+    """Number of distinct training prompts, at most 1,000,000."""
+    eval_size: int = Field(500, ge=0, le=100_000)
+    """Number of distinct held-out prompts (disjoint from the training pool), at most 100,000."""
     seed: int = Field(0, ge=0)
     """Seed of the generator."""
     shots: int = Field(0, ge=0, le=16)

@@ -93,10 +93,10 @@ _LABEL = re.compile(r"^[A-Za-z0-9_.-]+$")
 class MixtureConfig(SaraModel):
     """Sizes and seed of a mixture (the components are parsed separately, see ``parse_components``)."""
 
-    pool_size: int = Field(1000, ge=1, le=5_000_000)
-    """Training prompts in all, split over the components by weight."""
-    eval_size: int = Field(200, ge=0, le=1_000_000)
-    """Held-out prompts in all, split over the components by weight."""
+    pool_size: int = Field(1000, ge=1, le=1_000_000)
+    """Training prompts in all, split over the components by weight, at most 1,000,000."""
+    eval_size: int = Field(200, ge=0, le=100_000)
+    """Held-out prompts in all, split over the components by weight, at most 100,000."""
     seed: int = Field(0, ge=0)
     """Seed of the components (those that take one and do not set it), the subsampling and the shuffle."""
 
