@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code (2 on a ``SaraError``)."""
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code (2 on a ``SaraError``, 130
+    with one line instead of a traceback when a ``KeyboardInterrupt`` ends it)."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported by the subcommand that was given them, with its usage (exits 2)
@@ -98,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SaraError as exc:
         print(f"sara: error: {clip(str(exc), MAX_ERROR_CHARS)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C, or the first one's grace period over (sara.train.guards)
+        print("sara: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

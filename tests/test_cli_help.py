@@ -118,3 +118,14 @@ def test_an_error_message_is_one_bounded_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("sara: error: field 'task': xxx") and err.count("\n") == 1
     assert len(err) < MAX_ERROR_CHARS + 100 and "more characters" in err
+
+
+def test_a_keyboard_interrupt_ends_the_command_with_one_line(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    args = build_parser().parse_args(["train"])
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", lambda self, argv=None: (
+        argparse.Namespace(**{**vars(args), "func": interrupted}), []))
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err.strip() == "sara: interrupted"
