@@ -242,3 +242,16 @@ def test_evaluate_scores_held_out_prompts_between_engine_calls(worker):
     assert not done.wait(0.5)
     transfer.resume()
     assert done.wait(30)
+
+
+def test_the_worker_as_a_context_manager_stops_on_leaving_the_block():
+    env = TaskEnv(TASK, HalfRight(), scorer_mode="inline")
+    with pytest.raises(KeyError, match="left early"):
+        with SaraRolloutWorker(env, "sara", k=8, target_groups=4, seed=3) as w:
+            w.start()  # what TRL's trainer does when training begins
+            drain(w, 8)
+            raise KeyError("left early")
+    assert w._thread is None and w._stop.is_set()
+    with pytest.raises(RuntimeError, match="not running"):
+        w.check_health(stale_after_s=60)
+    env.close()

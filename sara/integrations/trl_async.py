@@ -234,6 +234,14 @@ class SaraRolloutWorker:
             release_carry(self.env, self._carry)
             self._carry = None
 
+    def __enter__(self) -> SaraRolloutWorker:
+        """``with SaraRolloutWorker(...) as worker:`` stops the worker on leaving the block, however it is left (TRL's
+        trainer starts it when training begins, after its first weight sync)."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def check_health(self, stale_after_s: float) -> None:
         """Raise if the worker thread failed, or produced nothing for ``stale_after_s`` seconds."""
         if self._error is not None:

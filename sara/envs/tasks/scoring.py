@@ -5,11 +5,15 @@ verifier does, scoring never raises: a call that raises, returns something that 
 or runs past ``timeout_s`` gets reward 0 and is counted (``ScoreResult.status`` per item, ``metrics()`` in total).
 
 Modes:
-    ``"thread"``: calls run one after another in a helper thread that the caller watches; a call past its limit is
-        abandoned (Python cannot kill a thread: it keeps running in the background until it returns, and a call that
-        holds the GIL in C code, a huge integer power say, stalls the whole process) and the rest of the batch
-        continues in a fresh helper thread. Only for verifiers that bound their own work in time and memory, as the
-        built-in thread-safe ones do (``verifier_thread_safe``).
+    ``"thread"``: calls run one after another in a helper thread that the caller watches; the scorer keeps its
+        helper threads and reuses them from batch to batch (a thread is started only for a scorer's first batch, for
+        a concurrent ``score`` call, and after a timeout). A call past its limit is abandoned (Python cannot kill a
+        thread: it keeps running in the background until it returns, and a call that holds the GIL in C code, a huge
+        integer power say, stalls the whole process) and the rest of the batch continues in another helper thread;
+        while ``MAX_STUCK_THREADS`` abandoned calls are still running, the rest of a batch times out at once instead.
+        If the system refuses a new thread for a moment (``RuntimeError: can't start new thread``), the scorer
+        retries briefly, then scores the rest of the batch in the caller's thread. Only for verifiers that bound
+        their own work in time and memory, as the built-in thread-safe ones do (``verifier_thread_safe``).
     ``"process"``: calls run in persistent worker processes (``workers`` of them, ``sara.envs.tasks.workers``); a
         worker past its time limit is killed and replaced, a worker may use at most ``memory_mb`` MiB more than it
         holds after importing the verifier, and workers ignore Ctrl-C. Needed for verifiers that are not thread-safe
@@ -30,6 +34,7 @@ import functools
 import math
 import multiprocessing as mp
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,8 +46,8 @@ import numpy as np
 from sara.config import ConfigError
 from sara.envs.tasks.workers import WorkerPool
 
-__all__ = ["BatchScorer", "ScoreResult", "OK", "NOT_APPLICABLE", "ERROR", "TIMEOUT", "score_batch", "scorer_mode",
-           "verifier_thread_safe"]
+__all__ = ["BatchScorer", "ScoreResult", "OK", "NOT_APPLICABLE", "ERROR", "TIMEOUT", "MAX_STUCK_THREADS", "score_batch",
+           "scorer_mode", "verifier_thread_safe"]
 
 OK, NOT_APPLICABLE, ERROR, TIMEOUT = 0, 1, 2, 3
 """Per-item status codes of ``ScoreResult.status``."""
@@ -51,6 +56,9 @@ Mode = Literal["thread", "process", "inline"]
 _MAX_ERRORS_KEPT = 8
 MEMORY_MB = 2048
 """Default memory a verifier worker process may add once started, in MiB."""
+MAX_STUCK_THREADS = 8
+"""Abandoned verifier calls (past their time limit, still running) a ``thread``-mode scorer lets run at once."""
+_START_RETRIES_S = (0.0, 0.05, 0.2, 1.0)
 
 
 def verifier_thread_safe(verifier: Any) -> bool:
@@ -159,6 +167,39 @@ class _ThreadRun:
         self.done.set()
 
 
+class _Helper:
+    """A helper thread of a ``thread``-mode scorer: runs one ``_ThreadRun`` after another from its queue, and ends
+    after a run it was abandoned in (the scorer has moved on) or on ``None``."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, args=(self.jobs,), daemon=True, name="sara-verifier")
+        self.thread.start()  # RuntimeError when the system refuses a thread
+
+    @staticmethod
+    def _loop(jobs: queue.SimpleQueue) -> None:  # holds the queue only, so an unused scorer can be collected
+        while (run := jobs.get()) is not None:
+            run.run()
+            if run.abandoned:
+                return
+
+    @classmethod
+    def start(cls) -> _Helper:
+        """A new helper, retried briefly while the system refuses a thread.
+
+        Raises:
+            RuntimeError: the system still refuses a new thread ("can't start new thread").
+        """
+        for delay in _START_RETRIES_S[:-1]:
+            time.sleep(delay)
+            try:
+                return cls()
+            except RuntimeError:  # out of threads or memory for the moment
+                continue
+        time.sleep(_START_RETRIES_S[-1])
+        return cls()
+
+
 class BatchScorer:
     """Scores batches of completions with one verifier, safely (see the module docstring).
 
@@ -196,6 +237,9 @@ class BatchScorer:
             if mode == "process" else None
         self._counts = {"calls": 0, "errors": 0, "timeouts": 0, "not_applicable": 0, "worker_restarts": 0}
         self._seconds = 0.0
+        self._helpers_lock = threading.Lock()
+        self._idle: list[_Helper] = []  # thread mode: helpers waiting for the next batch
+        self._stuck: list[threading.Thread] = []  # thread mode: helpers still running an abandoned call
 
     # ------------------------------------------------------------------ public
     def score(self, completions: Sequence[str], answers: Sequence[Mapping[str, Any]]) -> ScoreResult:
@@ -235,9 +279,16 @@ class BatchScorer:
         return out
 
     def close(self) -> None:
-        """Stop worker processes (a later ``score`` starts new ones)."""
+        """Stop worker processes and idle helper threads (a later ``score`` starts new ones)."""
         if self._pool is not None:
             self._pool.close()
+        with self._helpers_lock:
+            idle, self._idle = self._idle, []
+        for helper in idle:
+            helper.jobs.put(None)
+        for helper in idle:  # idle helpers end at once; a helper running an abandoned call is not waited for
+            if helper.thread is not threading.current_thread():
+                helper.thread.join(timeout=1.0)
 
     def __enter__(self) -> BatchScorer:
         return self
@@ -256,8 +307,17 @@ class BatchScorer:
                         status: np.ndarray, values: list[float | str]) -> None:
         n, i = len(completions), 0
         while i < n:
+            try:
+                helper = self._helper()
+            except RuntimeError:  # the system refuses new threads: the verifier bounds its own work
+                for j in range(i, n):
+                    status[j], values[j] = _call(self.verifier, completions[j], answers[j])
+                return
+            if helper is None:  # too many abandoned calls still running: the rest times out at once
+                status[i:], values[i:] = TIMEOUT, [0.0] * (n - i)
+                return
             run = _ThreadRun(self.verifier, completions, answers, i, status, values)
-            threading.Thread(target=run.run, daemon=True, name="sara-verifier").start()
+            helper.jobs.put(run)
             while True:
                 with run.lock:
                     pos, started = run.pos, run.item_start
@@ -273,6 +333,25 @@ class BatchScorer:
                         status[pos], values[pos] = TIMEOUT, 0.0
                         i = pos + 1
                         break
+            with self._helpers_lock:
+                if run.abandoned:
+                    self._stuck.append(helper.thread)  # it ends once the abandoned call returns
+                else:
+                    self._idle.append(helper)
+
+    def _helper(self) -> _Helper | None:
+        """An idle helper, else a new one; None while ``MAX_STUCK_THREADS`` abandoned calls are still running.
+
+        Raises:
+            RuntimeError: the system refuses a new thread.
+        """
+        with self._helpers_lock:
+            if self._idle:
+                return self._idle.pop()
+            self._stuck = [t for t in self._stuck if t.is_alive()]
+            if len(self._stuck) >= MAX_STUCK_THREADS:
+                return None
+        return _Helper.start()
 
 
 def score_batch(verifier: Callable[..., Any], completions: Sequence[str], answers: Sequence[Mapping[str, Any]], *,
