@@ -73,3 +73,20 @@ def tiny_model_dir(tmp_path_factory):
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """``run_cli(argv) -> (exit code, non-empty stderr lines)``: ``sara.cli.main`` in-process, a ``SystemExit`` (an
+    argparse error) read as its code."""
+    from sara.cli import main
+
+    def run(argv: list[str]) -> tuple[int, list[str]]:
+        capsys.readouterr()
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = int(exc.code or 0)
+        return rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+    return run

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from sara.cli import main
 from sara.config import MAX_SEED, MIN_TEMPERATURE, ConfigError, SaraModel, validate_config
 from sara.configfile import MAX_CONFIG_BYTES
 from sara.train.config import (
@@ -37,14 +36,6 @@ from sara.train.guards import STOP_GRACE_S, StopSignals, stop_grace_s
 
 GiB = 2**30
 
-
-def _cli(argv: list[str], capsys) -> tuple[int, list[str]]:
-    capsys.readouterr()
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    return rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
 def _one_line(rc: int, err: list[str], *needles: str) -> None:
@@ -87,9 +78,9 @@ def memory_cap():
     (["optim.betas=[true, 0.5]"], "optim.betas", "true / false where a number goes"),
     (["max_new_tokens=true"], "max_new_tokens", "true / false where a number goes"),
 ])
-def test_out_of_bounds_values_are_one_line_errors_at_once(items, field, bound, capsys):
+def test_out_of_bounds_values_are_one_line_errors_at_once(items, field, bound, run_cli):
     t0 = time.perf_counter()
-    rc, err = _cli(["train", *(a for item in items for a in ("--set", item)), "--print-config"], capsys)
+    rc, err = run_cli(["train", *(a for item in items for a in ("--set", item)), "--print-config"])
     _one_line(rc, err, f"field '{field}'", bound)
     assert time.perf_counter() - t0 < 10
 
@@ -170,21 +161,21 @@ def test_no_config_reads_a_boolean_as_a_number():
 
 
 # --------------------------------------------------------------------------------- config files: size first
-def test_a_config_file_that_never_ends_is_refused_at_once(capsys, memory_cap):
+def test_a_config_file_that_never_ends_is_refused_at_once(memory_cap, run_cli):
     t0 = time.perf_counter()
-    rc, err = _cli(["train", "--config", "/dev/zero", "--print-config"], capsys)
+    rc, err = run_cli(["train", "--config", "/dev/zero", "--print-config"])
     _one_line(rc, err, "config /dev/zero", f"{MAX_CONFIG_BYTES:,} bytes")
     assert time.perf_counter() - t0 < 10
 
 
-def test_config_size_limit_is_exact(tmp_path, capsys):
+def test_config_size_limit_is_exact(tmp_path, run_cli):
     body = "steps: 3\n"
     at = tmp_path / "at.yaml"
     at.write_text("#" * (MAX_CONFIG_BYTES - len(body) - 1) + "\n" + body)
     assert at.stat().st_size == MAX_CONFIG_BYTES and load_config(at).steps == 3
     over = tmp_path / "over.yaml"
     over.write_text("#" * (MAX_CONFIG_BYTES - len(body)) + "\n" + body)
-    rc, err = _cli(["train", "--config", str(over), "--print-config"], capsys)
+    rc, err = run_cli(["train", "--config", str(over), "--print-config"])
     _one_line(rc, err, f"config {over}", f"larger than {MAX_CONFIG_BYTES:,} bytes")
 
 
@@ -215,10 +206,10 @@ def test_tiny_parameter_estimate_is_the_built_count(options):
     assert cfg.parameter_count() == num_parameters(TinyPolicy(cfg))
 
 
-def test_a_huge_tiny_policy_from_the_command_line_is_one_line(tmp_path, capsys, memory_cap):
+def test_a_huge_tiny_policy_from_the_command_line_is_one_line(tmp_path, memory_cap, run_cli):
     t0 = time.perf_counter()
-    rc, err = _cli(["train", "--set", "policy_options={d_model: 1000000}", "--set", "threads=1",
-                    "--out", str(tmp_path / "run")], capsys)
+    rc, err = run_cli(["train", "--set", "policy_options={d_model: 1000000}", "--set", "threads=1",
+                    "--out", str(tmp_path / "run")])
     _one_line(rc, err, "field 'd_model'", "8192")
     assert time.perf_counter() - t0 < 60
 
@@ -242,11 +233,10 @@ def test_pools_are_bounded_before_they_are_drawn(spec, field, bound, memory_cap)
 
 # ------------------------------------------------------------------------------------------ sara matrix
 @pytest.mark.parametrize("workers", ["0", "-3"])
-def test_matrix_workers_below_one_is_one_line(tmp_path, capsys, workers):
+def test_matrix_workers_below_one_is_one_line(tmp_path, workers, run_cli):
     # --target-acc 2 is refused right after --workers: without the workers check the test fails at once (on
     # target_acc) instead of running a matrix.
-    rc, err = _cli(["matrix", "--quick", "--workers", workers, "--target-acc", "2", "--out", str(tmp_path / "m")],
-                   capsys)
+    rc, err = run_cli(["matrix", "--quick", "--workers", workers, "--target-acc", "2", "--out", str(tmp_path / "m")])
     _one_line(rc, err, "field 'workers'", ">= 1")
     assert not (tmp_path / "m").exists()
 

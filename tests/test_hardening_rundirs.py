@@ -20,7 +20,6 @@ import pytest
 
 pytest.importorskip("torch")
 
-from sara.cli import main  # noqa: E402
 from sara.config import ConfigError  # noqa: E402
 from sara.experiments.matrix_runs import (  # noqa: E402
     PLAN_NAME,
@@ -45,14 +44,6 @@ def _sets(settings: list[str]) -> list[str]:
     return [arg for s in settings for arg in ("--set", s)]
 
 
-def _cli(argv: list[str], capsys) -> tuple[int, list[str]]:
-    capsys.readouterr()
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    return rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*"))
@@ -71,7 +62,7 @@ def _alive(pid: int) -> bool:
 
 # --------------------------------------------------------------------------------- the lock comes first
 @pytest.mark.parametrize("command", ["train", "matrix", "bench"])
-def test_overwrite_never_touches_a_directory_another_run_holds(command, tmp_path, capsys):
+def test_overwrite_never_touches_a_directory_another_run_holds(command, tmp_path, run_cli):
     out = tmp_path / "live"
     files = {"train": ["metrics.jsonl", "checkpoints/ckpt-000002.pt", "tb/events", "learning_curve.png"],
              "matrix": ["matrix.json", PLAN_NAME, "cells/grpo-ds/seed0/metrics.jsonl"],
@@ -84,19 +75,19 @@ def test_overwrite_never_touches_a_directory_another_run_holds(command, tmp_path
             "bench": ["bench", "allocation", "--k", "4", "--target-groups", "4", "--seeds", "1", "--pool-size",
                       "100"]}[command]
     with RunLock(out):  # a live run (the lock conflicts within one process as across processes)
-        rc, err = _cli([*argv, "--out", str(out), "--overwrite"], capsys)
+        rc, err = run_cli([*argv, "--out", str(out), "--overwrite"])
     assert rc == 2 and len(err) == 1 and "is in use by another sara run (pid" in err[0], err
     assert _snapshot(out) == before  # nothing deleted, nothing written
 
 
 # --------------------------------------------------------------------------------- --resume
-def test_resume_of_a_directory_without_a_run_is_refused_and_creates_nothing(tmp_path, capsys):
-    rc, err = _cli(["train", "--quiet", "--resume", "--out", str(tmp_path / "none"), *_sets(TINY)], capsys)
+def test_resume_of_a_directory_without_a_run_is_refused_and_creates_nothing(tmp_path, run_cli):
+    rc, err = run_cli(["train", "--quiet", "--resume", "--out", str(tmp_path / "none"), *_sets(TINY)])
     assert rc == 2 and len(err) == 1 and "holds no run to continue" in err[0] and "drop --resume" in err[0], err
     assert not (tmp_path / "none").exists()
 
 
-def test_resume_of_a_run_without_checkpoints_keeps_its_files(tmp_path, capsys, monkeypatch):
+def test_resume_of_a_run_without_checkpoints_keeps_its_files(tmp_path, monkeypatch, run_cli):
     from sara.policies import POLICIES
 
     out = tmp_path / "finished"
@@ -105,7 +96,7 @@ def test_resume_of_a_run_without_checkpoints_keeps_its_files(tmp_path, capsys, m
     (out / "learning_curve.png").write_bytes(b"png")
     before = _snapshot(out)
     monkeypatch.setattr(POLICIES, "factory", lambda *a, **k: pytest.fail("the policy was built"))
-    rc, err = _cli(["train", "--quiet", "--resume", "--out", str(out), "--set", "seed=7", *_sets(TINY)], capsys)
+    rc, err = run_cli(["train", "--quiet", "--resume", "--out", str(out), "--set", "seed=7", *_sets(TINY)])
     assert rc == 2 and len(err) == 1, err
     assert "holds a run but it has no checkpoint" in err[0] and "its files are kept" in err[0], err
     assert _snapshot(out) == before
@@ -133,8 +124,8 @@ def test_trainer_resume_with_nothing_to_resume_refuses_and_keeps_the_run(checkpo
         pass
 
 
-def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
-    rc, err = _cli(["train", "--resume", "--overwrite", "--out", str(tmp_path)], capsys)
+def test_resume_and_overwrite_together_are_refused(tmp_path, run_cli):
+    rc, err = run_cli(["train", "--resume", "--overwrite", "--out", str(tmp_path)])
     assert rc == 2 and "not both" in err[-1], err
 
 
@@ -181,7 +172,7 @@ def test_run_all_skips_finished_runs_and_reports_no_unfinished_one(tmp_path):
     assert [finished_result(c) is not None for c in cfgs] == [True, True, False, False]
 
 
-def test_an_interrupted_cell_is_never_reported_as_a_result(tmp_path, capsys, monkeypatch):
+def test_an_interrupted_cell_is_never_reported_as_a_result(tmp_path, monkeypatch, run_cli):
     """The trainer's own stop (its summary says ``interrupted``) leaves the run unfinished: no ``result.json``, no
     ``matrix.json``, a ``matrix.md`` that names it; exit 128 + the signal."""
     real = Trainer.train
@@ -194,8 +185,7 @@ def test_an_interrupted_cell_is_never_reported_as_a_result(tmp_path, capsys, mon
 
     monkeypatch.setattr(Trainer, "train", stopped_second)
     out = tmp_path / "m"
-    rc, err = _cli([*MATRIX, "--steps", "2", "--seeds", "2", "--workers", "1", "--out", str(out), *_sets(TINY)],
-                   capsys)
+    rc, err = run_cli([*MATRIX, "--steps", "2", "--seeds", "2", "--workers", "1", "--out", str(out), *_sets(TINY)])
     assert rc == 128 + signal.SIGINT and "stopped by SIGINT: 1 of 2 runs finished" in err[-1], err
     assert not (out / "matrix.json").exists() and "grpo-uniform seed 1" in (out / "matrix.md").read_text()
     assert (out / "cells/grpo-uniform/seed0" / RESULT_NAME).is_file()
@@ -298,7 +288,7 @@ def test_no_worker_survives_its_parent_even_after_sigkill(tmp_path):
 
 
 @pytest.mark.slow
-def test_sara_matrix_stopped_by_sigterm_reports_nothing_and_a_rerun_finishes_it(tmp_path, capsys):
+def test_sara_matrix_stopped_by_sigterm_reports_nothing_and_a_rerun_finishes_it(tmp_path, run_cli):
     """End to end: 3 runs on 2 workers; SIGTERM once the third (queued) run is training. Meanwhile a second matrix
     on the same --out is refused. The rerun keeps the finished runs' results and continues the others from their
     checkpoints."""
@@ -313,7 +303,7 @@ def test_sara_matrix_stopped_by_sigterm_reports_nothing_and_a_rerun_finishes_it(
     while not (last.is_file() and len(last.read_text().splitlines()) > 3):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
-    rc, err = _cli(argv, capsys)
+    rc, err = run_cli(argv)
     assert rc == 2 and "is in use by another sara run" in err[-1], err
     workers = {int((d / ".sara.lock").read_text()) for d in cells.iterdir() if (d / ".sara.lock").is_file()}
     proc.send_signal(signal.SIGTERM)
@@ -328,7 +318,7 @@ def test_sara_matrix_stopped_by_sigterm_reports_nothing_and_a_rerun_finishes_it(
                      (d / "metrics.jsonl").read_text().splitlines())
             for d in cells.iterdir() if d.name not in done and list(d.glob("checkpoints/ckpt-*.pt"))}
 
-    rc, err = _cli(argv, capsys)
+    rc, err = run_cli(argv)
     assert rc == 0, err
     assert {name: (cells / name / RESULT_NAME).read_bytes() for name in done} == done  # kept as they were
     assert "seed2" in kept, (sorted(p.relative_to(cells).as_posix() for p in cells.rglob("*")), stderr[-3000:])

@@ -13,7 +13,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sara import SimulatedEnv, UniformSampler, collect, make_allocator  # noqa: E402
-from sara.cli import main  # noqa: E402
 from sara.config import ConfigError  # noqa: E402
 from sara.driver import MIN_STEP_ROLLOUTS  # noqa: E402
 from sara.envs.tasks import TASKS, make_task, register_task  # noqa: E402
@@ -26,14 +25,6 @@ TINY = {"task": "sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=8", "gro
         "tensorboard": False, "scorer": "inline", "allocator": "sara", "checkpoint_every": 1,
         "policy_options": {"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}}}
 
-
-def _cli(argv, capsys) -> tuple[int, list[str]]:
-    capsys.readouterr()
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    return rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
 # ------------------------------------------------------------------------------------------------ case 2
@@ -129,12 +120,12 @@ def test_resume_notes_the_fields_it_may_change(one_step, capsys):
     assert "sara: note: --resume: field 'eval.num_prompts' changed from 4 to 2" in err
 
 
-def test_cli_resume_with_a_changed_allocator_is_one_line(one_step, tmp_path, capsys):
+def test_cli_resume_with_a_changed_allocator_is_one_line(one_step, tmp_path, run_cli):
     import yaml
 
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({**TINY, "steps": 2}))
-    rc, err = _cli(["train", "--resume", "--config", str(tmp_path / "run.yaml"), "--out", str(one_step),
-                    "--set", "allocator=sara_paper:tau_low=0.3"], capsys)
+    rc, err = run_cli(["train", "--resume", "--config", str(tmp_path / "run.yaml"), "--out", str(one_step),
+                    "--set", "allocator=sara_paper:tau_low=0.3"])
     assert rc == 2 and err[-1].startswith("sara: error: ") and "field 'allocator'" in err[-1], err
 
 
@@ -151,11 +142,11 @@ def test_a_run_directory_holds_one_run(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ case 8
 @pytest.mark.parametrize("out", ["/proc/x", "/dev/null/x"])
-def test_an_unusable_out_is_one_line_before_the_model_is_built(out, capsys, monkeypatch):
+def test_an_unusable_out_is_one_line_before_the_model_is_built(out, monkeypatch, run_cli):
     from sara.policies import POLICIES
 
     monkeypatch.setattr(POLICIES, "factory", lambda *a, **k: pytest.fail("the policy was built"))
-    rc, err = _cli(["train", "--out", out, "--quiet"], capsys)
+    rc, err = run_cli(["train", "--out", out, "--quiet"])
     assert rc == 2 and err[-1].startswith("sara: error: train config: field 'out_dir'"), err
     assert "cannot be used as a run directory" in err[-1] and "Traceback" not in "\n".join(err)
 
