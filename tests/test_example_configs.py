@@ -26,3 +26,26 @@ def test_learning_config_fills_the_engine_batch():
     alloc = make_allocator(cfg.allocator, k=cfg.k)
     assert alloc.name == "sara"
     assert float(alloc.config.oversample) * cfg.groups_per_step == cfg.backend_options["max_batch_size"]
+
+
+@pytest.mark.hf
+def test_reasoning_config_trains_two_steps_on_a_small_model(tiny_model_dir, tmp_path):
+    """``smollm2_reason.yaml`` as shipped (task, HF policy and backend, GRPO + sara), with a 2-layer stand-in for
+    SmolLM2 and a small batch: two steps run, and the run accounts its tokens by fate and its seconds by phase."""
+    pytest.importorskip("transformers")
+    from sara.train import Trainer
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "configs" / "smollm2_reason.yaml")
+    assert cfg.task.startswith("sara/Chain-v0") and cfg.max_new_tokens >= 64
+    small = cfg.model_copy(update={
+        "policy_options": {**cfg.policy_options, "model": str(tiny_model_dir)},
+        "backend_options": {**cfg.backend_options, "max_batch_size": 16}, "k": 4, "groups_per_step": 2, "steps": 2,
+        "max_new_tokens": 12, "max_rollouts_per_step": 64,
+        "eval": cfg.eval.model_copy(update={"num_prompts": 4, "samples": 1}),
+        "out_dir": str(tmp_path), "progress": False, "tensorboard": False, "threads": 1})
+    with Trainer(small) as trainer:
+        summary = trainer.train()
+    assert summary.steps == 2 and summary.rollouts > 0
+    assert sum(summary.tokens_by_fate[f] for f in ("committed", "abandoned", "discarded")) == summary.tokens
+    assert summary.prompt_tokens > summary.tokens  # an 8-shot prompt is longer than 12 new tokens
+    assert set(summary.seconds_by_phase) == {"collect", "advantages", "update", "sync"}
