@@ -36,6 +36,13 @@ def test_splits_are_disjoint_deterministic_and_the_examples_are_neither():
     assert a.max_new_tokens >= 64  # room for the longest chain's worked solution
 
 
+def test_every_character_is_in_the_alphabet():
+    task = make_task("sara/Chain-v0", pool_size=300, eval_size=50, shots=5, seed=3)
+    text = task.template + "".join(p.prompt + solve_answer for p in task.prompts
+                                   for solve_answer in [f" answer: {p.answer['answer']}"])
+    assert set(text.replace("{prompt}", "")) <= set(task.metadata["alphabet"])
+
+
 def test_worked_solution_format():
     chain = (9, (("-", 6), ("+", 1), ("+", 2)))
     assert question(chain) == "9 - 6 + 1 + 2"

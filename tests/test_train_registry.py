@@ -21,7 +21,7 @@ ALLOCATOR_SPECS = [SPECS.get(name, name) for name in OWN_ALLOCATORS]
 TEXT_TASKS = [t for t in task_ids() if not make_task(t).chat]
 CHAT_TASKS = [t for t in task_ids() if make_task(t).chat]
 SMALL = {"sara/Arithmetic-v0": ":max_digits=1,pool_size=40,eval_size=8", "sara/Countdown-v0": ":pool_size=20,eval_size=4",
-         "sara/Mixture-v0": ":pool_size=40,eval_size=8"}
+         "sara/Mixture-v0": ":pool_size=40,eval_size=8", "sara/Chain-v0": ":max_steps=2,pool_size=40,eval_size=8,shots=0"}
 
 
 def _one_step(tmp_path, task: str, allocator: str, **overrides) -> dict:

@@ -28,7 +28,7 @@ from sara.config import ConfigError, SaraModel, validate_config
 from sara.envs.tasks.base import Task
 from sara.types import Prompt
 
-__all__ = ["ChainConfig", "MAX_ANSWER_CHARS", "MAX_SCAN_CHARS", "make_chain_task", "solve", "verify"]
+__all__ = ["ALPHABET", "ChainConfig", "MAX_ANSWER_CHARS", "MAX_SCAN_CHARS", "make_chain_task", "solve", "verify"]
 
 TASK_ID = "sara/Chain-v0"
 MAX_ANSWER_CHARS = 8
@@ -36,6 +36,8 @@ MAX_ANSWER_CHARS = 8
 MAX_SCAN_CHARS = 1024
 """Only this many leading characters of a completion are looked at."""
 
+ALPHABET = "\n +,-.0123456789:=AQaenrsw"
+"""Every character of every rendered prompt and worked solution (a character-level policy reads the task)."""
 _ANSWER = re.compile(r"answer:[ \t]*(-?[0-9]+)(?![0-9A-Za-z_/^*+-]|[.,][0-9])", re.ASCII)
 """``answer: N`` where N is a whole number token: not the head of a decimal, fraction, power or expression."""
 
@@ -139,5 +141,5 @@ def make_chain_task(**options: Any) -> Task:
         id=TASK_ID, prompts=train, eval_prompts=held_out, verifier=verify, template=examples + "Q: {prompt}\nA:",
         chat=False, thread_safe=True, timeout_s=1.0, stop=("\n",), max_new_tokens=8 * cfg.max_steps + 16,
         description="a running total of digit steps, worked step by step; answer = the final value",
-        metadata={"config": cfg.model_dump()},
+        metadata={"config": cfg.model_dump(), "alphabet": ALPHABET},
     )
