@@ -55,8 +55,8 @@ class SequentialConfig(AllocatorConfig):
     Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups). On an
     engine with a large fixed cost per call (a CPU HF engine on short completions), a number that makes the first
     round fill its batch (engine batch / groups per step) gives fewer, fuller rounds and more surplus, which the
-    trainer banks for the next step (``examples/configs/smollm2_learn.yaml``: 0.84x DS's collection seconds per
-    effective group, against 1.0x under 'auto'; docs/results.md)."""
+    trainer banks for the next step (``examples/configs/smollm2_learn.yaml`` sets it; docs/results.md measures what it
+    buys)."""
     alpha0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-successes (1.0 with beta0 = 1.0 is the paper's uniform prior)."""
     beta0: float = Field(1.0, gt=0.0)
