@@ -151,7 +151,7 @@ class StepState:
             self._seen[p] += 1
         self.carried_in += sum(len(r) for r in rollouts)
         self.carried_in_tokens += sum(x.num_tokens for r in rollouts for x in r)
-        self.carried_in_prompt_tokens += sum(_prompt_len(x) for r in rollouts for x in r)
+        self.carried_in_prompt_tokens += sum(x.prompt_tokens for r in rollouts for x in r)
         self._append(occ, np.asarray(started, np.int64), np.asarray(born, np.int64), [list(r) for r in rollouts])
 
     def _append(self, occ: np.ndarray, started: np.ndarray, born: np.ndarray, rollouts: list[list[Rollout]]) -> None:
@@ -167,7 +167,7 @@ class StepState:
         self.is_closed[unit_ids] = True
         self.carried_out += sum(len(self.rollouts_of[u]) for u in unit_ids.tolist())
         self.carried_out_tokens += sum(x.num_tokens for u in unit_ids.tolist() for x in self.rollouts_of[u])
-        self.carried_out_prompt_tokens += sum(_prompt_len(x) for u in unit_ids.tolist() for x in self.rollouts_of[u])
+        self.carried_out_prompt_tokens += sum(x.prompt_tokens for u in unit_ids.tolist() for x in self.rollouts_of[u])
 
     def launch(self, unit_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(seeds, j)`` of one new rollout per entry of ``unit_ids`` (repeats allowed): rollout ``j`` of a unit (its
@@ -262,7 +262,3 @@ class StreamCarry:
     def delivered(self) -> int:
         """Delivered rollouts of the carried units."""
         return sum(len(r) for r in self.rollouts)
-
-
-def _prompt_len(r: Rollout) -> int:
-    return len(r.prompt_token_ids) if r.prompt_token_ids is not None else 0

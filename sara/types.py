@@ -121,6 +121,11 @@ class Rollout:
     policy_version: int | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens the engine read for this rollout (0 when the backend reports no prompt token ids)."""
+        return len(self.prompt_token_ids) if self.prompt_token_ids is not None else 0
+
 
 @dataclass(frozen=True)
 class Group:
@@ -161,7 +166,7 @@ class Group:
     def prompt_tokens(self) -> int:
         """Prompt tokens the engine read for the group's rollouts: each rollout's ``prompt_token_ids`` (0 for a
         rollout whose backend reports none)."""
-        return sum(len(r.prompt_token_ids) for r in self.rollouts if r.prompt_token_ids is not None)
+        return sum(r.prompt_tokens for r in self.rollouts)
 
     def is_effective(self, eps: float = 1e-6) -> bool:
         """True when the group carries a gradient signal: size >= 2 and reward std > ``eps``.

@@ -24,7 +24,8 @@ from sara.seeding import derive_seeds
 from sara.step import CollectObserver, Counterfactual, StepState
 from sara.types import Decision, RolloutRequest
 
-__all__ = ["AllocationDiagnostics", "diagnose_policy", "estimate_rates", "population_figures", "summarize"]
+__all__ = ["AllocationDiagnostics", "diagnose_policy", "estimate_rates", "population_figures", "sample_outcomes",
+           "summarize"]
 
 Q_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -120,13 +121,21 @@ def summarize(records: Sequence[Mapping[str, Any]], *, eps: float = 1e-6) -> dic
     return out
 
 
-def estimate_rates(env: Any, pool_index: np.ndarray, samples: int, *, seed: int = 0) -> np.ndarray:
-    """Each prompt's success rate estimated from ``samples`` seeded rollouts (seeds apart from training's)."""
+def sample_outcomes(env: Any, pool_index: np.ndarray, samples: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(rewards, generated tokens)``, each ``[prompts, samples]``: ``samples`` seeded rollouts of each prompt (seeds
+    apart from training's)."""
     idx = np.asarray(pool_index, np.int64)
     seeds = derive_seeds(seed, 0x5EED, idx[:, None], np.arange(samples)[None, :])
     reqs = [RolloutRequest(unit_id=i, pool_index=int(p), prompt=env.prompts[int(p)], seeds=tuple(int(x) for x in s))
             for i, (p, s) in enumerate(zip(idx, seeds))]
-    return np.array([np.mean([r.reward for r in rs]) for rs in env.rollout(reqs)])
+    out = env.rollout(reqs)
+    return (np.array([[r.reward for r in rs] for rs in out], np.float64),
+            np.array([[r.num_tokens for r in rs] for rs in out], np.float64))
+
+
+def estimate_rates(env: Any, pool_index: np.ndarray, samples: int, *, seed: int = 0) -> np.ndarray:
+    """Each prompt's success rate estimated from ``samples`` seeded rollouts (``sample_outcomes``)."""
+    return sample_outcomes(env, pool_index, samples, seed=seed)[0].mean(1)
 
 
 def population_figures(rates: np.ndarray, k: int) -> dict[str, dict[str, float]]:

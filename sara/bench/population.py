@@ -4,9 +4,10 @@ A run's config (or a checkpoint of it) gives the task, the policy and the backen
 of ``prompts`` pool prompts (drawn with ``seed``, rollout seeds apart from training's) estimate every prompt's success
 rate ``p``. From those rates: the chance that a size-k group is solved (all 1), unsolved (all 0) or mixed, the mean
 rate per mixture component, the mean generated tokens of right and wrong rollouts and of the rollouts of prompts
-that were solved, unsolved or mixed in the sample (where the tokens of saturated groups go), and the exact per-prompt figures of DS, the paper's rule and the Bayes-optimal
-within-step rule on that population (``sara.bench.diagnose.population_figures``: probe 1, complete groups) — the floor
-a within-step stopping rule can reach on it, against which a training run's rollouts per effective group are read.
+that were solved, unsolved or mixed in the sample (where the tokens of saturated groups go), and the exact per-prompt
+figures of DS, the paper's rule and the Bayes-optimal within-step rule on that population
+(``sara.bench.diagnose.population_figures``: probe 1, complete groups) — the floor a within-step stopping rule can
+reach on it, against which a training run's rollouts per effective group are read.
 
 A rate estimated from ``samples`` rollouts is 0 or 1 for a prompt whose true rate is below about ``1 / samples`` from
 the edge, so the group fractions and the rules' figures treat such prompts as never mixing (for DS and SARA alike).
@@ -51,7 +52,7 @@ def run_population_bench(cfg: PopulationBenchConfig, log: Callable[[str], None] 
     """
     import time
 
-    from sara.bench.diagnose import population_figures
+    from sara.bench.diagnose import population_figures, sample_outcomes
     from sara.train import TrainConfig, Trainer, load_config
     from sara.train.checkpoint import load_checkpoint
 
@@ -77,21 +78,6 @@ def run_population_bench(cfg: PopulationBenchConfig, log: Callable[[str], None] 
             "solved": solved, "unsolved": unsolved, "mixed": 1.0 - solved - unsolved, "by_component": by,
             "population": population_figures(rates, k), "tokens": token_figures(rewards, tokens),
             "seconds": seconds, "rates": rates.tolist()}
-
-
-def sample_outcomes(env: Any, pool_index: np.ndarray, samples: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(rewards, generated tokens)``, each ``[prompts, samples]``, of ``samples`` seeded rollouts of each prompt
-    (the seeds of ``sara.bench.diagnose.estimate_rates``, apart from training's)."""
-    from sara.seeding import derive_seeds
-    from sara.types import RolloutRequest
-
-    idx = np.asarray(pool_index, np.int64)
-    seeds = derive_seeds(seed, 0x5EED, idx[:, None], np.arange(samples)[None, :])
-    reqs = [RolloutRequest(unit_id=i, pool_index=int(p), prompt=env.prompts[int(p)], seeds=tuple(int(x) for x in s))
-            for i, (p, s) in enumerate(zip(idx, seeds))]
-    out = env.rollout(reqs)
-    return (np.array([[r.reward for r in rs] for rs in out], np.float64),
-            np.array([[r.num_tokens for r in rs] for rs in out], np.float64))
 
 
 def token_figures(rewards: np.ndarray, tokens: np.ndarray) -> dict[str, float]:

@@ -145,10 +145,9 @@ def summary_report(s: Any, cfg: Any, command_seconds: float) -> dict[str, Any]:
 
 def _fates(s: Any) -> str:
     """``tokens (committed / abandoned / discarded)``, plus the aborted rollouts' tokens when there are any."""
-    f = s.tokens_by_fate or {"committed": s.tokens - s.abandoned_tokens, "abandoned": s.abandoned_tokens,
-                             "discarded": 0}
-    text = f"{s.tokens:,} ({f.get('committed', 0):,} / {f.get('abandoned', 0):,} / {f.get('discarded', 0):,})"
-    return text + (f"; {f['aborted']:,} more in aborted rollouts" if f.get("aborted") else "")
+    f = s.tokens_by_fate
+    text = f"{s.tokens:,} ({f['committed']:,} / {f['abandoned']:,} / {f['discarded']:,})"
+    return text + (f"; {f['aborted']:,} more in aborted rollouts" if f["aborted"] else "")
 
 
 def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds: float | None = None) -> str:
