@@ -40,3 +40,37 @@ def test_a_bad_option_is_one_error_line(capsys):
     assert main(["bench", "learner", "--groups", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "groups" in err[0]
+
+
+def test_a_train_config_gives_the_batch_and_no_naive_times_the_shipped_path_alone(tiny_model_dir, tmp_path, capsys):
+    """``--config`` benches the batch a ``sara train`` config trains on (flags override it); ``--no-naive`` leaves
+    the naive path untimed."""
+    from sara.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"policy: hf\npolicy_options: {{model: {tiny_model_dir}, compute_dtype: float32}}\n"
+                      "task: 'sara/Chain-v0:max_steps=2,pool_size=20,eval_size=5,shots=1'\nk: 2\ngroups_per_step: 3\n"
+                      "max_new_tokens: 4\nalgo: rloo\noptim: {lr: 1.0e-5, microbatch_tokens: 512}\nseed: 3\n")
+    out = tmp_path / "learner.json"
+    assert main(["bench", "learner", "--config", str(config), "--groups", "2", "--reps", "1", "--no-naive",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    cfg = report["config"]
+    assert (cfg["model"], cfg["groups"], cfg["k"], cfg["max_new_tokens"], cfg["algo"]) == (
+        str(tiny_model_dir), 2, 2, 4, "rloo")
+    assert (cfg["compute_dtype"], cfg["microbatch_tokens"], cfg["lr"], cfg["seed"], cfg["naive"]) == (
+        "float32", 512, 1e-5, 3, False)
+    assert cfg["task"].startswith("sara/Chain-v0") and report["rollouts"] == 4
+    assert report["naive"] is None and report["speedup"] is None and report["shipped"]["seconds"] > 0
+    assert report["limit_dtype"] == "float32"
+    assert "naive    not timed" in capsys.readouterr().out
+
+
+def test_a_config_whose_policy_is_not_hf_is_refused(tmp_path, capsys):
+    from sara.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text("policy: tiny\n")
+    assert main(["bench", "learner", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "policy: hf" in err[0]

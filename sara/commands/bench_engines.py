@@ -89,17 +89,24 @@ def register(bsub: Any) -> None:
 
     lb = bsub.add_parser("learner", help="update seconds per rollout of the shipped learner vs the naive path (full "
                          "float32 forwards + a second forward for old log-probs), and FLOP/s vs the measured matmul rate")
-    lb.add_argument("--model", default="smollm2", help="prepared model name or local HF model directory")
+    lb.add_argument("--config", metavar="FILE", default=None,
+                    help="a sara train config: bench the batch that run trains on (its model, task, groups per step, "
+                    "k, generation cap, compute dtype, micro-batch budget, algorithm, lr, seed); flags override it")
+    lb.add_argument("--model", default=None, help="prepared model name or local HF model directory (default: smollm2)")
     lb.add_argument("--task", default=None, help="task spec (default: 3-shot 1-digit sums)")
-    lb.add_argument("--groups", type=int, default=8, help="prompts in the batch")
-    lb.add_argument("--k", type=int, default=8, help="completions per prompt")
-    lb.add_argument("--max-new-tokens", type=int, default=6, help="generation cap")
-    lb.add_argument("--reps", type=int, default=3, help="timed updates per path (interleaved)")
-    lb.add_argument("--compute-dtype", default="bfloat16", help="the shipped path's compute dtype (auto | float32 | "
-                    "bfloat16)")
-    lb.add_argument("--microbatch-tokens", type=int, default=2048, help="the shipped path's micro-batch budget")
-    lb.add_argument("--algo", default="grpo", help="algorithm spec")
-    lb.add_argument("--seed", type=int, default=0, help="seed of the task's prompts and the sampled completions")
+    lb.add_argument("--groups", type=int, default=None, help="prompts in the batch (default: 8)")
+    lb.add_argument("--k", type=int, default=None, help="completions per prompt (default: 8)")
+    lb.add_argument("--max-new-tokens", type=int, default=None, help="generation cap (default: 6)")
+    lb.add_argument("--reps", type=int, default=None, help="timed updates per path, interleaved (default: 3)")
+    lb.add_argument("--compute-dtype", default=None, help="the shipped path's compute dtype (auto | float32 | "
+                    "bfloat16; default: bfloat16)")
+    lb.add_argument("--microbatch-tokens", type=int, default=None, help="the shipped path's micro-batch budget "
+                    "(default: 2048)")
+    lb.add_argument("--algo", default=None, help="algorithm spec (default: grpo)")
+    lb.add_argument("--seed", type=int, default=None, help="seed of the task's prompts and the sampled completions")
+    lb.add_argument("--no-naive", dest="naive", action="store_false",
+                    help="time the shipped path alone (the naive path's full-vocabulary float32 logits outgrow memory "
+                    "at reasoning length)")
     lb.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     lb.set_defaults(func=_learner)
 
@@ -195,13 +202,20 @@ def _ray_stream(args: argparse.Namespace) -> int:
 
 
 def _learner(args: argparse.Namespace) -> int:
-    from sara.bench.learner import LearnerBenchConfig, format_table, run_learner_bench
+    from sara.bench.learner import (
+        LearnerBenchConfig,
+        format_table,
+        options_from_train_config,
+        run_learner_bench,
+    )
+    from sara.train.config import load_config
 
-    opts = dict(model=args.model, groups=args.groups, k=args.k, max_new_tokens=args.max_new_tokens, reps=args.reps,
-                compute_dtype=args.compute_dtype, microbatch_tokens=args.microbatch_tokens, algo=args.algo,
-                seed=args.seed)
-    cfg = validate_config(LearnerBenchConfig, {**opts, **({"task": args.task} if args.task else {})},
-                          what="bench learner")
+    opts: dict[str, object] = options_from_train_config(load_config(args.config)) if args.config else {}
+    flags = dict(model=args.model, task=args.task, groups=args.groups, k=args.k, max_new_tokens=args.max_new_tokens,
+                 reps=args.reps, compute_dtype=args.compute_dtype, microbatch_tokens=args.microbatch_tokens,
+                 algo=args.algo, seed=args.seed)
+    opts.update({key: value for key, value in flags.items() if value is not None})
+    cfg = validate_config(LearnerBenchConfig, {**opts, "naive": args.naive}, what="bench learner")
     report = run_learner_bench(cfg, log=lambda line: print(f"[bench learner] {line}", file=sys.stderr, flush=True))
     print(format_table(report))
     write_report(report, args.json_out)
