@@ -294,8 +294,8 @@ class OutcomeCounts:
         posterior-predictive P(mixed) under a mixture over success rates (a grid including 0 and 1, as the allocator's
         own prior) fitted per group by EM to ALL that group's closed units' (n, s). That is valid because the stopping
         rule depends only on observed outcomes. A single Beta cannot hold "never solved" next to "sometimes solved":
-        on the default pool it credits the 4-digit prompts abandoned after one failure with a 3-digit prompt's chance
-        of mixing and puts what DS would have spent a third too low (45,509 against a real 70,496).
+        it would credit prompts abandoned after one failure with a sometimes-solved prompt's chance of mixing. How close
+        the estimate comes to real DS runs: docs/results.md, "What DS would have spent".
         """
         import numpy as np
 

@@ -73,7 +73,7 @@ class SARAConfig(PriorOptions):
     """Share of units never abandoned (chosen by a hash of step and prompt, seeded by ``audit_seed``). Their complete
     groups keep the population fit identifiable: from prefixes cut after one failure alone, p = 0 and p = 0.1 look
     alike, the fit drifts toward the latter and the rule swings to abandoning nothing for a step. They cost DS's
-    price per group (0.04: +1-2% rollouts per effective group in the simulator; docs/allocation.md)."""
+    price per group (what that costs: docs/results.md, "Allocation rules in training")."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
     group_by: str | None = "component|<embedding>"
@@ -96,7 +96,7 @@ class SARAConfig(PriorOptions):
     groups (``GroupedGridPrior.composition_weights``; rows normalized to mean 1, capped at ``max_weight``). The rule
     abandons a hard group's prompts early and fills the batch with groups that mix cheaply, so a hard group gets
     less gradient than under DS; weighted back, learning follows DS's composition: better where the policy is about
-    to learn that group, worse where it is out of reach (docs/allocation.md). Needs groups (``group_by``); on one
+    to learn that group, worse where it is out of reach (docs/allocation.md; measured in docs/results.md). Needs groups (``group_by``); on one
     population nothing is reweighted. The rollouts are the rule's either way. None (the default): the prior's own
     default (``GroupedPopulation.default_reweight``): 'ds' for the representation's bands (``<embedding>``), which
     follow what mixes cheaply now and so would starve a band the policy is about to learn; 'none' for a metadata key

@@ -122,6 +122,18 @@ def register(bsub: Any) -> None:
     pb.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
     pb.set_defaults(func=_population)
 
+    de = bsub.add_parser("ds-estimate", help="sara train's 'DS would have spent' estimate against real DS runs of the "
+                         "same config, seed and steps")
+    de.add_argument("--config", metavar="FILE", default=None,
+                    help="sara train config file (default: the embedded default)")
+    de.add_argument("--allocators", default="sara;sara_paper;sara@predictive",
+                    help="specs ALLOCATOR[@SAMPLER] separated by ';' whose estimate is checked")
+    de.add_argument("--seeds", type=int, default=2, help="seeds 0..N-1; each spec and DS trained once per seed")
+    de.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
+                    help="override a train config field, as sara train --set does (repeatable)")
+    de.add_argument("--json", dest="json_out", metavar="FILE", default=None, help="write the JSON report here")
+    de.set_defaults(func=_ds_estimate)
+
 
 def _generation(args: argparse.Namespace) -> int:
     from sara.bench.generation import (
@@ -230,6 +242,20 @@ def _population(args: argparse.Namespace) -> int:
                           what="bench population")
     report = run_population_bench(cfg, log=lambda line: print(f"[bench population] {line}", file=sys.stderr,
                                                               flush=True))
+    print(format_table(report))
+    write_report(report, args.json_out)
+    return 0
+
+
+def _ds_estimate(args: argparse.Namespace) -> int:
+    from sara.bench.ds_estimate import DSEstimateBenchConfig, format_table, run_ds_estimate_bench
+    from sara.commands.bench import split_specs
+
+    cfg = validate_config(DSEstimateBenchConfig, dict(config=args.config, allocators=split_specs(args.allocators),
+                                                      seeds=args.seeds, overrides=args.overrides),
+                          what="bench ds-estimate")
+    report = run_ds_estimate_bench(cfg, log=lambda line: print(f"[bench ds-estimate] {line}", file=sys.stderr,
+                                                               flush=True))
     print(format_table(report))
     write_report(report, args.json_out)
     return 0

@@ -111,7 +111,7 @@ class FeatureGroupedPrior(GridPrior):
 
     default_reweight: ClassVar[Reweight] = "none"
     """``sara:reweight`` when unset: the rule's composition (weighting back gives ``auto``'s saving back on the
-    arithmetic pools of docs/allocation.md)."""
+    arithmetic pools of docs/results.md, "Allocation rules in training")."""
 
     def __init__(self, splits: Mapping[str, np.ndarray], *, decay: float = 0.9, margin: float = 3.0,
                  shrink: float = 16.0, **kwargs: Any) -> None:

@@ -5,7 +5,7 @@ A pool is rarely one population. Mixture components, MATH levels or Countdown si
 success rates, and a single pooled prior blurs them: on the default pool (1- to 4-digit sums) a first failure says
 little about a prompt when 3-digit prompts (p ~ 0.1, often mixed) and 4-digit ones (p ~ 0, almost never mixed) share
 one prior, so the pooled optimal rule waits for a second failure on both. Fitted per group, the rule abandons a
-4-digit prompt after one failure and never abandons a 2-digit one (docs/allocation.md measures what that saves).
+4-digit prompt after one failure and never abandons a 2-digit one (docs/results.md, "Allocation rules in training", measures what that saves).
 
 ``GroupedGridPrior`` keeps, next to the pooled ``GridPrior`` fit, one grid mixture per group, each fitted by EM to
 its own units' (n, s) counts with the pooled weights as a Dirichlet prior of ``shrink`` pseudo-units: a group with
