@@ -257,6 +257,22 @@ def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
     return path
 
 
+def ds_estimate_applies(sampler: Any) -> bool:
+    """Whether a run's 'what DS would have spent' estimate (``OutcomeCounts.p_mixed``) describes DS: only when the
+    prompts were drawn uniformly. A sampler that picks the prompts it predicts will mix (``predictive``) makes the
+    closed units overstate a uniformly drawn prompt's P(mixed), so the estimate undercounts DS (docs/results.md,
+    "What DS would have spent").
+
+    Args:
+        sampler: The run's sampler: a spec (``"uniform"``, ``"predictive:decay=0.7"``) or a ``PromptSampler``.
+    """
+    if isinstance(sampler, str):
+        return sampler.strip().split(":", 1)[0].strip() == "uniform"
+    from sara.samplers import UniformSampler
+
+    return isinstance(sampler, UniformSampler)
+
+
 class OutcomeCounts:
     """Every closed unit of a run counted by ``(group, n, s, effective)``: the data behind the 'what DS would have
     spent' estimate (``p_mixed``). ``n`` is capped at ``k`` (a committed group filled to k counts its first k rollouts).

@@ -67,6 +67,18 @@ def worker():
     env.close()
 
 
+def test_a_predictive_sampler_reports_no_ds_estimate():
+    env = TaskEnv(TASK, HalfRight(), scorer_mode="inline")
+    with SaraRolloutWorker(env, "sara_paper:tau_low=0.45", k=8, sampler="predictive", target_groups=4, seed=3) as w:
+        w.start()
+        drain(w, 10)
+    metrics = drain_metrics(w)
+    env.close()
+    assert metrics and all("sara/ds_rollouts_estimate" not in m and "sara/rollouts_saved_vs_ds" not in m
+                           for m in metrics)  # its draws overstate P(mixed): the estimate would undercount DS
+    assert all("sara/p_mixed_estimate" in m for m in metrics)
+
+
 def test_samples_are_trl_rollout_samples_with_grpo_advantages_by_group(worker):
     worker.update_model_version(0)
     worker.start()

@@ -57,3 +57,38 @@ def test_p_mixed_estimate_per_group_on_a_two_band_pool():
     restored = OutcomeCounts(k)
     restored.load_state_dict({"k": k, "rows": [list(key[1:]) + [v] for key, v in pooled.counts.items()]})
     assert restored.p_mixed() == pooled.p_mixed()  # checkpoints from before groups load as one population
+
+
+def _summary(**kw):
+    from sara.train.summary import RunSummary
+
+    base = dict(name="r", algo="grpo", allocator="sara", steps=2, acc_before=0.1, acc_after=0.2, greedy_before=None,
+                greedy_after=None, rollouts=600, tokens=2400, effective_groups=50, committed_groups=50, p_mixed=0.4,
+                ds_rollouts_estimate=1000.0, wall_seconds=1.0, out_dir="runs/r", ds_tokens_estimate=4000.0,
+                tokens_by_fate={"committed": 2000, "abandoned": 300, "discarded": 100, "aborted": 0})
+    return RunSummary(**{**base, **kw})
+
+
+@pytest.mark.parametrize("sampler, applies", [("uniform", True), (" uniform ", True), ("predictive", False),
+                                              ("predictive:decay=0.7", False)])
+def test_the_estimate_applies_to_uniform_draws_only(sampler, applies):
+    from sara.metrics import ds_estimate_applies
+    from sara.samplers import make_sampler
+
+    assert ds_estimate_applies(sampler) is applies
+    assert ds_estimate_applies(make_sampler(sampler.strip(), 100, k=8)) is applies
+
+
+def test_the_summary_shows_the_estimate_under_uniform_draws_and_says_why_not_otherwise():
+    from sara.commands.train import format_summary, summary_report
+    from sara.train import TrainConfig
+
+    uniform = format_summary(_summary(), k=8)
+    assert "| DS would have spent (est.: k / P(mixed) per effective group) | 1,000 |" in uniform.replace("  ", " ")
+    assert "rollouts saved vs DS (est.)" in uniform
+    predictive = format_summary(_summary(), k=8, sampler="predictive:decay=0.7")
+    assert "rollouts saved vs DS" not in predictive and "1,000" not in predictive
+    assert "n/a with the predictive sampler" in predictive and "--set allocator=ds" in predictive
+    report = summary_report(_summary(), TrainConfig(sampler="predictive"), 1.0)
+    assert report["ds_rollouts_estimate"] is None and report["ds_tokens_estimate"] is None
+    assert summary_report(_summary(), TrainConfig(), 1.0)["ds_rollouts_estimate"] == 1000.0

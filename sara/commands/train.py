@@ -1,8 +1,8 @@
 """``sara train``: train a policy with an RL algorithm and a rollout allocator; print what it learned and saved.
 
 With no arguments it runs the embedded default (``TrainConfig()``): GRPO + SARA on the tiny transformer policy and
-the mixture of arithmetic bands (``sara/Mixture-v0:components=arithmetic-bands``), about 40 s on 2 CPU cores once
-the policy's supervised warm start is cached (the first run also computes it).
+the mixture of arithmetic bands (``sara/Mixture-v0:components=arithmetic-bands``), after the policy's supervised warm
+start (computed once, then cached).
 
 Outputs go to ``--out DIR`` (default ``runs/<name>``, a name that carries what differs between runs: algorithm,
 allocator, sampler, task, seed; ``sara.commands.names``): ``metrics.jsonl`` (one record per step),
@@ -124,8 +124,10 @@ def run_label(algo: str, allocator: str, sampler: str = "uniform") -> str:
 
 def summary_report(s: Any, cfg: Any, command_seconds: float) -> dict[str, Any]:
     """``sara train --json``: the ``RunSummary`` fields, ``rollouts_per_effective_group``, ``command_seconds`` and
-    the resolved config (non-finite numbers as null)."""
+    the resolved config (non-finite numbers as null; the DS estimates null under a non-uniform sampler)."""
     import dataclasses
+
+    from sara.metrics import ds_estimate_applies
 
     def finite(v: Any) -> Any:
         if isinstance(v, float) and not math.isfinite(v):
@@ -137,6 +139,8 @@ def summary_report(s: Any, cfg: Any, command_seconds: float) -> dict[str, Any]:
         return v
 
     report = dataclasses.asdict(s)
+    if not ds_estimate_applies(cfg.sampler):  # the estimate undercounts DS under a selective sampler
+        report.update(ds_rollouts_estimate=None, ds_tokens_estimate=None)
     report.update(sampler=cfg.sampler, effective_fraction=s.effective_fraction, command_seconds=command_seconds,
                   rollouts_per_effective_group=s.rollouts / s.effective_groups if s.effective_groups else None,
                   config=cfg.model_dump(mode="json"))
@@ -151,8 +155,11 @@ def _fates(s: Any) -> str:
 
 
 def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds: float | None = None) -> str:
-    """A markdown table of a ``RunSummary`` (``sampler``: the run's, named in the header; ``command_seconds``: the
-    whole command's wall time, shown beside the training's)."""
+    """A markdown table of a ``RunSummary`` (``sampler``: the run's, named in the header, and the 'DS would have
+    spent' rows only when it is uniform, ``sara.metrics.ds_estimate_applies``; ``command_seconds``: the whole
+    command's wall time, shown beside the training's)."""
+    from sara.metrics import ds_estimate_applies
+
     saved = s.ds_rollouts_estimate - s.rollouts
     rows = [
         ("held-out accuracy (sampled, T=train)", f"{_pct(s.acc_before)} -> {_pct(s.acc_after)}"),
@@ -174,7 +181,10 @@ def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds:
         ("verifier errors / timeouts (rollouts scored 0)", f"{s.verifier_errors:,} / {s.verifier_timeouts:,}"),
         ("peak resident memory", f"{s.peak_rss_mb / 1024:.2f} GiB"),
     ]
-    if not math.isnan(s.ds_rollouts_estimate) and s.ds_rollouts_estimate > 0:  # 0 when no group was effective
+    if not ds_estimate_applies(sampler):
+        rows.append(("DS would have spent (est.)", f"n/a with the {sampler.split(':')[0]} sampler (its draws overstate "
+                     "P(mixed)); run --set allocator=ds --set sampler=uniform to compare"))
+    elif not math.isnan(s.ds_rollouts_estimate) and s.ds_rollouts_estimate > 0:  # 0 when no group was effective
         rows += [
             ("DS would have spent (est.: k / P(mixed) per effective group)", f"{s.ds_rollouts_estimate:,.0f}"),
             ("rollouts saved vs DS (est.)", f"{saved:,.0f} ({_pct(saved / s.ds_rollouts_estimate)})"),

@@ -39,7 +39,7 @@ from sara.allocators import BudgetAllocator, make_allocator
 from sara.config import ConfigError, validate_config
 from sara.driver import DriverConfig, collect, release_carry
 from sara.envs.base import EnvWrapper, StreamingEnv, Versioned
-from sara.metrics import OutcomeCounts
+from sara.metrics import OutcomeCounts, ds_estimate_applies
 from sara.samplers import make_sampler
 from sara.types import CollectResult, Group, Rollout, RolloutRequest
 
@@ -348,8 +348,9 @@ class SaraRolloutWorker:
             "sara/group_size_mean": float(np.mean(sizes)), "sara/group_size_min": float(min(sizes)),
             "sara/group_size_max": float(max(sizes)),
             "sara/p_mixed_estimate": p_mixed, "sara/cum_rollouts": float(self.totals["rollouts"]),
-            "sara/ds_rollouts_estimate": ds, "sara/rollouts_saved_vs_ds": ds - self.totals["rollouts"],
             "sara/weights_version": float(version),
+            **({"sara/ds_rollouts_estimate": ds, "sara/rollouts_saved_vs_ds": ds - self.totals["rollouts"]}
+               if ds_estimate_applies(self.sampler) else {}),  # a selective sampler's draws undercount DS
         }
 
 
