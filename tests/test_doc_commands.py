@@ -35,7 +35,6 @@ SLOW: list[tuple[str, str, str]] = [
     ("README.md", "--config examples/configs/smollm2_learn.yaml", _MATRIX),
     ("README.md", "sara train --set allocator=ds", "an 80-step run, over a minute on one core (tests/"
                                                    "test_cli_train_outputs.py runs sara train)"),
-    ("README.md", "sara matrix --quick", "the CI-sized matrix, 2 algorithms x 3 allocators: over a minute"),
     ("backends.md", "smollm2_hf.yaml", _SMOLLM2),
     ("backends.md", "smollm2_vllm.yaml", "needs vLLM and SmolLM2"),
     ("integrations.md", "examples/trl_async_grpo.py", "TRL training of SmolLM2 (tests/test_integrations_trl_example"
@@ -63,7 +62,6 @@ SLOW: list[tuple[str, str, str]] = [
     ("results.md", "bash .ci/verl", "builds verl's environment (minutes, 2 GB) and runs the verl tests"),
     ("training.md", "sara train --config my.yaml", "a 300-step warm start and 80 steps: minutes"),
     ("training.md", "sara matrix --algos \"grpo;ppo\"", _MATRIX),
-    ("training.md", "sara matrix --quick", "a CI-sized matrix: about a minute"),
     ("verl.md", "bash .ci/verl", "builds verl's environment (minutes, 2 GB) and runs the verl tests"),
     ("verl.md", "run_qwen2_5_gsm8k.sh", "GRPO on GSM8K with verl: needs GPUs"),
 ]
