@@ -142,6 +142,23 @@ def test_every_slow_entry_names_a_command():
     assert not stale, f"SLOW entries that match no command of the docs (remove them): {stale}"
 
 
+def test_no_two_run_commands_write_the_same_default_directory():
+    # A skipped command is not run here, so two identical `sara train` / `matrix` / `bench allocation` commands would
+    # collide unseen (the second is refused: its run directory holds the first's run); one of them passes --out.
+    seen: dict[str, str] = {}
+    dupes = []
+    for doc in DOCS:
+        for line, cmd in _commands(doc.read_text(encoding="utf-8")):
+            words = " ".join(re.sub(r"\s#.*", "", cmd.splitlines()[-1]).split())
+            if re.match(r"sara (train|matrix|bench allocation)\b", words) and not re.search(r"--(out|overwrite)\b",
+                                                                                           words):
+                where = f"{doc.name}:{line}"
+                if words in seen:
+                    dupes.append(f"{seen[words]} and {where}: {words[:80]}")
+                seen.setdefault(words, where)
+    assert not dupes, dupes
+
+
 def test_commands_are_split_as_bash_reads_them():
     text = ("intro\n\n```bash\nP=\"x;y\"\n# a comment\nsara a --b \\\n  --c \"$P\"   # trailing\n\nsara d\n```\n"
             "```python\nprint(1)\n```\n```\nplain text, not a command\n```\n")
