@@ -111,8 +111,14 @@ def test_the_hf_policy_has_the_capability_and_the_tiny_one_keeps_the_plain_path(
     assert not isinstance(PlainView(tiny_llama()), PrefixScorer)
 
 
+@pytest.mark.parametrize("kernel", ["math", "flash"])
 @pytest.mark.parametrize("prefix", [0, 7])
-def test_score_at_equals_score_gathered_with_its_gradients(prefix):
+def test_score_at_equals_score_gathered_with_its_gradients(prefix, kernel, monkeypatch):
+    """Both SDPA kernels ``score_at`` picks between on a CPU (the plain one up to ``_MATH_ATTENTION_PAIRS`` query-key
+    pairs per head, the flash one beyond) give ``score``'s outputs and gradients."""
+    import sara.policies.hf as hf
+
+    monkeypatch.setattr(hf, "_MATH_ATTENTION_PAIRS", 1 << 40 if kernel == "math" else 0)
     pol = tiny_llama(value_head=True)
     gen = torch.Generator().manual_seed(1)
     shared = torch.randint(3, VOCAB, (7,), generator=gen).tolist()
@@ -223,3 +229,14 @@ def test_the_plan_covers_every_row_once_within_the_budget_with_shared_prefixes()
     split = plan_microbatches(prompts, lengths, 10_000)
     assert sorted(m.prefix for m in split) == [9, 10, 12]  # one micro-batch per preamble, each sharing it
     assert all(m.prefix == 0 for m in plan_microbatches(prompts, lengths, 60, share=False))
+
+
+def test_the_cpu_attention_kernel_is_the_plain_one_up_to_the_threshold_and_flash_beyond():
+    import contextlib
+
+    import sara.policies.hf as hf
+
+    cpu, limit = torch.device("cpu"), hf._MATH_ATTENTION_PAIRS
+    assert not isinstance(hf._attention_kernel(limit, cpu), contextlib.nullcontext)  # the math kernel, forced
+    assert isinstance(hf._attention_kernel(limit + 1, cpu), contextlib.nullcontext)  # torch's choice: flash on CPU
+    assert isinstance(hf._attention_kernel(1, torch.device("meta")), contextlib.nullcontext)  # never off a CPU

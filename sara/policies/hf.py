@@ -230,10 +230,10 @@ class HFPolicy(ScoreViews):
         return self
 
 
-_MATH_ATTENTION_PAIRS = 1 << 22
-"""Query-key pairs per head up to which ``score_at`` runs attention with the plain (math) SDPA kernel on a CPU: on
-short rows its backward is faster than the CPU flash kernel's (measured on SmolLM2-135M, 64 rows of 30 positions,
-bfloat16: fwd + bwd 1.55 s vs 2.2 s, ``docs/training.md``); beyond, the flash kernel's memory wins."""
+_MATH_ATTENTION_PAIRS = 1 << 19
+"""Query-key pairs per head up to which ``score_at`` runs attention with the plain (math) SDPA kernel on a CPU: its
+backward is faster than the CPU flash kernel's on short rows, the flash kernel's on long ones (the crossover, measured
+on SmolLM2-135M in bfloat16: docs/results.md, "The learner at this length")."""
 
 
 def _attention_kernel(pairs: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:
