@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sara.commands.output import Ticker, kv_table, write_report
@@ -173,10 +174,7 @@ def _stream(args: argparse.Namespace) -> int:
         backend=args.backend, task=args.task, rows=args.rows, prompts=args.prompts, slots=args.slots,
         max_new_tokens=args.max_new_tokens, caps=caps, task_stop=args.task_stop, repeats=args.repeats, seed=args.seed,
         random_init=args.random_init, check_exact=args.check_exact), what="bench stream")
-    report = run_stream_bench(cfg, log=lambda line: print(f"[bench stream] {line}", file=sys.stderr, flush=True))
-    print(format_table(report))
-    write_report(report, args.json_out)
-    return 0
+    return _report("stream", run_stream_bench, cfg, format_table, args.json_out)
 
 
 def _ray_scaling(args: argparse.Namespace) -> int:
@@ -228,10 +226,7 @@ def _learner(args: argparse.Namespace) -> int:
                  algo=args.algo, seed=args.seed)
     opts.update({key: value for key, value in flags.items() if value is not None})
     cfg = validate_config(LearnerBenchConfig, {**opts, "naive": args.naive}, what="bench learner")
-    report = run_learner_bench(cfg, log=lambda line: print(f"[bench learner] {line}", file=sys.stderr, flush=True))
-    print(format_table(report))
-    write_report(report, args.json_out)
-    return 0
+    return _report("learner", run_learner_bench, cfg, format_table, args.json_out)
 
 
 def _population(args: argparse.Namespace) -> int:
@@ -240,11 +235,7 @@ def _population(args: argparse.Namespace) -> int:
     cfg = validate_config(PopulationBenchConfig, dict(config=args.config, checkpoint=args.checkpoint,
                                                       prompts=args.prompts, samples=args.samples, seed=args.seed),
                           what="bench population")
-    report = run_population_bench(cfg, log=lambda line: print(f"[bench population] {line}", file=sys.stderr,
-                                                              flush=True))
-    print(format_table(report))
-    write_report(report, args.json_out)
-    return 0
+    return _report("population", run_population_bench, cfg, format_table, args.json_out)
 
 
 def _ds_estimate(args: argparse.Namespace) -> int:
@@ -254,8 +245,14 @@ def _ds_estimate(args: argparse.Namespace) -> int:
     cfg = validate_config(DSEstimateBenchConfig, dict(config=args.config, allocators=split_specs(args.allocators),
                                                       seeds=args.seeds, overrides=args.overrides),
                           what="bench ds-estimate")
-    report = run_ds_estimate_bench(cfg, log=lambda line: print(f"[bench ds-estimate] {line}", file=sys.stderr,
-                                                               flush=True))
-    print(format_table(report))
-    write_report(report, args.json_out)
+    return _report("ds-estimate", run_ds_estimate_bench, cfg, format_table, args.json_out)
+
+
+def _report(name: str, run: Callable[..., Mapping[str, Any]], cfg: Any, table: Callable[[Any], str],
+            json_out: str | None) -> int:
+    """Run a bench (``run(cfg, log=...)``, its progress lines on stderr as ``[bench NAME] ...``), print its table and
+    write its JSON report to ``json_out`` (None: none)."""
+    report = run(cfg, log=lambda line: print(f"[bench {name}] {line}", file=sys.stderr, flush=True))
+    print(table(report))
+    write_report(report, json_out)
     return 0
