@@ -33,8 +33,8 @@ def principal_components(x: np.ndarray, dims: int, *, sample: int = 4096, seed: 
                          chunk: int = 8192) -> np.ndarray:
     """``[rows, d]`` the rows of ``x [rows, D]`` on their top ``d <= dims`` principal components, each scaled to unit
     variance (components without variance dropped; fitted on at most ``sample`` rows drawn with ``seed``). A larger
-    pool is centred and projected ``chunk`` rows at a time, so no float64 copy of the whole of ``x`` is made (a pool of
-    100,000 prompts of a 4,096-wide model is 1.6 GB in float32)."""
+    pool is centred and projected ``chunk`` rows at a time, so no float64 copy of the whole of ``x`` is made (``x``
+    itself is ``rows x D x 4`` bytes in float32)."""
     x = np.asarray(x)
     if x.ndim != 2 or not len(x):
         return np.zeros((len(x), 0))

@@ -359,8 +359,8 @@ def _assemble(outs: Sequence[tuple[Any, Any]], n: int) -> Any:
 def _trim_heap() -> None:
     """Give the heap pages freed by the update back to the OS (glibc ``malloc_trim``; nothing elsewhere).
 
-    Activations are many MB-sized buffers that glibc keeps in its heap once freed: on SmolLM2 the resident size grew
-    from 3.0 to 4.3 GB over three steps while live memory stayed at 2.4 GB (docs/training.md, "Memory")."""
+    Activations are many MB-sized buffers that glibc keeps in its heap once freed, so without a trim the resident size
+    grows from step to step while live memory stays flat (docs/training.md)."""
     import ctypes
     import sys
 
