@@ -95,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sara.registry import clip
 
     try:
+        from sara.commands.output import check_report_path
+
+        check_report_path(getattr(args, "json_out", None))  # before any work: the report must be writable at the end
         return int(args.func(args) or 0)
     except SaraError as exc:
         print(f"sara: error: {clip(str(exc), MAX_ERROR_CHARS)}", file=sys.stderr)

@@ -21,29 +21,31 @@ __all__ = ["MetricsLogger", "OutcomeCounts", "PROGRESS_FIELDS", "ROLLOUTS_PER_EF
 class MetricsLogger:
     """Append per-step metrics to ``out_dir/metrics.jsonl``; mirror them to TensorBoard and a progress bar.
 
+    The log is a ``sara.storage.AppendLog``: never rewritten, one line per record, its length and hash recorded by
+    each checkpoint (``manifest``).
+
     Args:
         out_dir: Output directory (created).
         total_steps: Length of the progress bar.
         progress: Show a progress bar (tqdm when installed, else a line every ``print_every`` steps).
         tensorboard: ``True``/``False``, or ``None`` = use it when ``torch.utils.tensorboard`` imports.
-        resume_step: When resuming, drop records with ``step > resume_step`` (logged after the last checkpoint by
-            the interrupted run) so the log reads as one uninterrupted run.
+        resume: When resuming, the log's manifest in the checkpoint (``sara.storage.AppendLog``): the log must
+            begin with the bytes it names, and what follows them (records logged after the checkpoint by the
+            interrupted run, a torn last line) is cut off, so the log reads as one uninterrupted run. None: a new log.
+        initial_step: The step the progress bar starts at.
         show: Metrics shown on the progress bar, as ``{label: key}``; a key may be a pair ``(numerator,
             denominator)`` of keys, shown as their ratio (e.g. cumulative rollouts per effective group).
     """
 
     def __init__(self, out_dir: str | Path, *, total_steps: int = 0, progress: bool = True,
-                 tensorboard: bool | None = None, resume_step: int | None = None,
+                 tensorboard: bool | None = None, resume: Mapping[str, Any] | None = None, initial_step: int = 0,
                  show: Mapping[str, str | tuple[str, str]] | None = None, print_every: int = 10) -> None:
+        from sara.storage import AppendLog
+
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
-        if resume_step is None:
-            self.path.write_text("")
-        else:
-            kept = [r for r in read_jsonl(self.path) if int(r.get("step", -1)) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._log = AppendLog(self.path, None if resume is None else dict(resume))
         self.show = dict(show or {})
         self.print_every = max(1, print_every)
         self._tb = None
@@ -61,7 +63,7 @@ class MetricsLogger:
             try:
                 from tqdm.auto import tqdm
 
-                self._bar = tqdm(total=total_steps, initial=resume_step or 0, dynamic_ncols=True, leave=True,
+                self._bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True, leave=True,
                                  file=sys.stderr)
             except ImportError:
                 self._bar = None
@@ -69,8 +71,7 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Write one record ``{"step": step, **metrics}``."""
         rec = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._fh.write(json.dumps(rec) + "\n")
-        self._fh.flush()
+        self._log.append(json.dumps(rec))
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(float(v)):
@@ -85,8 +86,12 @@ class MetricsLogger:
         elif self._progress and (step % self.print_every == 0):
             print(f"step {step}: " + "  ".join(f"{k}={v}" for k, v in live.items()), file=sys.stderr, flush=True)
 
+    def manifest(self) -> dict[str, Any]:
+        """The log's length and sha256 so far (fsynced first), for a checkpoint (``sara.storage.AppendLog``)."""
+        return self._log.manifest()
+
     def close(self) -> None:
-        self._fh.close()
+        self._log.close()
         if self._tb is not None:
             self._tb.close()
         if self._bar is not None:
@@ -131,16 +136,20 @@ def _jsonable(v: Any) -> Any:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a JSONL file (a torn last line from a killed writer is skipped)."""
+    """All records (JSON objects, one a line) of a JSONL file; a line that is not one (a torn last line from a
+    killed writer, bytes that are not UTF-8, JSON nested too deeply or with an integer too long to convert) is
+    skipped."""
     p = Path(path)
     if not p.exists():
         return []
     out = []
-    for line in p.read_text(encoding="utf-8").splitlines():
+    for line in p.read_bytes().splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            rec = json.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             continue
+        if isinstance(rec, dict):
+            out.append(rec)
     return out
 
 
@@ -246,14 +255,18 @@ def plot_matrix(panels: Mapping[str, Mapping[str, Any]], path: str | Path, *, ti
 
 
 def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
-    """Lay out, write (creating parent directories) and close a matplotlib figure; returns the path."""
+    """Lay out, write atomically (``sara.storage.atomic_write``, creating parent directories) and close a matplotlib
+    figure; returns the path."""
     import matplotlib.pyplot as plt
+
+    from sara.storage import atomic_write
 
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda fh: fig.savefig(fh, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
     return path
 
 

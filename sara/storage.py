@@ -1,15 +1,21 @@
-"""Files on disk: the cache root, an advisory file lock, atomic writes and verified cache entries.
+"""Files on disk: the cache root, an advisory file lock, atomic writes, append-only logs and verified cache entries.
 
-One place for what checkpoints, warm-start caches and prepared models all need: a reader never sees a half-written
-file (write to a temp file in the same directory, fsync, ``os.replace``), parallel processes build a cached
-artifact once (``file_lock``), and a cache entry is used only when it hashes to the checksum written beside it
-(``write_verified`` / ``load_verified``): a truncated, altered or unloadable entry is removed with a one-line notice
-naming the file, and the caller recomputes it.
+One place for what run directories, checkpoints, warm-start caches and prepared models all need: a reader never sees
+a half-written file (``atomic_write``: a temp file in the same directory, fsync, ``os.replace``, fsync of the
+directory), a log is only ever appended to and cut back to a length its writer vouched for (``AppendLog``: a torn
+tail is dropped, the kept bytes are checked against their sha256), parallel processes build a cached artifact once
+(``file_lock``), and a cache entry is used only when it hashes to the checksum written beside it (``write_verified``
+/ ``load_verified``): a truncated, altered or unloadable entry is removed with a one-line notice naming the file, and
+the caller recomputes it.
+
+Each step of these writes is a named write point (``write_point``); ``on_write_point`` installs a hook called there,
+which tests use to fail or kill the process between any two steps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import sys
@@ -19,9 +25,64 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 __all__ = ["cache_root", "file_lock", "atomic_write", "atomic_torch_save", "BadCacheEntry", "checksum_path",
-           "file_sha256", "write_verified", "load_verified", "directory_checksums", "verify_directory"]
+           "file_sha256", "write_verified", "load_verified", "directory_checksums", "verify_directory", "AppendLog",
+           "LogMismatch", "WRITE_POINTS", "write_point", "on_write_point", "open_nofollow", "fsync_dir"]
 
 T = TypeVar("T")
+
+WRITE_POINTS = ("atomic.temp", "atomic.rename", "log.append", "log.cut", "retire.staged", "retire.move",
+                "retire.delete", "checkpoint.prune")
+"""The named write points: a temp file written and fsynced but not yet renamed onto its path; renamed, its directory
+not yet fsynced; a log record about to be appended; a log about to be cut back on resume; an old run's retirement
+staged but not yet made (``sara.train.rundir.retire``); an entry of it about to be moved aside; the moved entries
+about to be deleted; an old checkpoint about to be pruned."""
+
+_HOOK: Callable[[str, Path], None] | None = None
+
+
+def write_point(name: str, path: str | os.PathLike[str]) -> None:
+    """Mark the named write point ``name`` (one of ``WRITE_POINTS``) of a write to ``path``: calls the hook that
+    ``on_write_point`` installed, if any."""
+    if _HOOK is not None:
+        _HOOK(name, Path(path))
+
+
+@contextlib.contextmanager
+def on_write_point(hook: Callable[[str, Path], None]) -> Iterator[None]:
+    """Call ``hook(name, path)`` at every write point while the ``with`` block runs (the hook may raise, or kill the
+    process, to test what each interrupted write leaves behind)."""
+    global _HOOK
+    previous, _HOOK = _HOOK, hook
+    try:
+        yield
+    finally:
+        _HOOK = previous
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """fsync a directory, so a rename or a new file in it survives a power loss (a no-op where not supported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def open_nofollow(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC)``: a symbolic link at ``path`` raises ``OSError`` (ELOOP)
+    instead of being followed."""
+    try:
+        return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.EMLINK and os.path.islink(path)):  # EMLINK: FreeBSD
+            raise OSError(errno.ELOOP, "is a symbolic link, which a run directory does not follow", str(path)) \
+                from None
+        raise
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -52,9 +113,12 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
-    """Call ``write(fh)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it onto ``path``.
+    """Call ``write(fh)`` on a temp file beside ``path``, fsync it, ``os.replace`` it onto ``path``, fsync the
+    directory.
 
-    A crash (even SIGKILL) leaves the previous ``path`` intact plus, at worst, a stray ``.<name>.*.tmp`` file.
+    A crash (even SIGKILL) leaves the previous ``path`` intact plus, at worst, a stray ``.<name>.*.tmp`` file; a
+    failed write (``OSError``, e.g. a full disk) leaves the previous ``path`` and removes the temp file. A symbolic
+    link at ``path`` is replaced, never followed (the temp file is created with ``O_EXCL``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,9 +128,12 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        write_point("atomic.temp", path)
         os.replace(tmp, path)
+        write_point("atomic.rename", path)
+        fsync_dir(path.parent)
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
     return path
 
@@ -201,3 +268,88 @@ def verify_directory(marker: str | os.PathLike[str]) -> bool:
             break
     _VERIFIED[str(root)] = (tuple(stats), ok)
     return ok
+
+
+class LogMismatch(Exception):
+    """An ``AppendLog`` does not begin with the bytes its manifest names (truncated, damaged or modified since); the
+    message names the file and what differs."""
+
+
+class AppendLog:
+    """A log of text lines that is only ever appended to, or cut back to a length its writer vouched for.
+
+    Each line goes to the file in one ``write`` (``O_APPEND``, the file opened without following a symbolic link);
+    the log keeps the length and sha256 of what it wrote (``manifest``), which a checkpoint records. Reopened with
+    that manifest, the file must begin with exactly those bytes (else ``LogMismatch``), and whatever follows them
+    (lines written after the checkpoint, a torn last line of a killed writer) is cut off with one ``ftruncate``:
+    nothing before the manifest's length is ever rewritten.
+
+    Args:
+        path: The log file.
+        resume: ``None``: start a new, empty log (atomically replacing whatever ``path`` holds); else a ``manifest``
+            of this log to continue from.
+
+    Raises:
+        LogMismatch: ``resume`` is given and the file does not match it.
+        OSError: the file cannot be created, opened (a symbolic link: ``ELOOP``) or read.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], resume: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        if resume is None:
+            atomic_write(self.path, lambda fh: None)
+        self._fd = open_nofollow(self.path, os.O_RDWR | os.O_APPEND)
+        self._sha, self.bytes = hashlib.sha256(), 0
+        try:
+            if resume is not None:
+                self._continue(int(resume["bytes"]), str(resume["sha256"]))
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _continue(self, size: int, digest: str) -> None:
+        have = os.fstat(self._fd).st_size
+        if have < size:
+            raise LogMismatch(f"{self.path} holds {have:,} bytes, fewer than the {size:,} its checkpoint recorded "
+                              "(truncated or replaced since)")
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        left = size
+        while left and (chunk := os.read(self._fd, min(left, 1 << 20))):
+            self._sha.update(chunk)
+            left -= len(chunk)
+        if left or self._sha.hexdigest() != digest:
+            raise LogMismatch(f"the first {size:,} bytes of {self.path} do not hash to the sha256 its checkpoint "
+                              "recorded (damaged or modified since)")
+        self.bytes = size
+        if have > size:  # lines logged after the checkpoint, or a torn last line: they are written again
+            write_point("log.cut", self.path)
+            os.ftruncate(self._fd, size)
+            os.fsync(self._fd)
+
+    def append(self, line: str) -> None:
+        """Append ``line`` and a newline. On ``OSError`` (a full disk) the part that was written is cut off again
+        where possible, and the error propagates."""
+        data = (line + "\n").encode("utf-8")
+        write_point("log.append", self.path)
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.bytes)
+            raise
+        self._sha.update(data)
+        self.bytes += len(data)
+
+    def manifest(self) -> dict[str, Any]:
+        """``{"bytes": length, "sha256": digest}`` of what was written, made durable first (fsync)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+        return {"bytes": self.bytes, "sha256": self._sha.hexdigest()}
+
+    def close(self) -> None:
+        """Close the file (idempotent); ``manifest`` still answers."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from sara.config import ConfigError
-from sara.train.rundir import RunLock
+from sara.train.rundir import RunLock, retire
 
-__all__ = ["kv_table", "fmt_value", "write_report", "claim_dir", "remove_entries", "Ticker", "progress"]
+__all__ = ["kv_table", "fmt_value", "check_report_path", "write_report", "claim_dir", "remove_entries", "Ticker",
+           "progress"]
 
 
 def fmt_value(v: Any) -> str:
@@ -61,14 +63,53 @@ def kv_table(report: Mapping[str, Any], *, title: str = "value") -> str:
     return "\n".join(lines)
 
 
-def write_report(report: Mapping[str, Any], path: str | Path | None) -> Path | None:
-    """Write ``report`` as JSON to ``path`` (parents created), say so on stdout, return the path; None when
-    ``path`` is None."""
+def check_report_path(path: str | Path | None, *, flag: str = "--json") -> None:
+    """Refuse, before any work starts, a report path that cannot be written: a directory, or a path whose nearest
+    existing parent is not a directory this process can create files in (checked by creating and removing one).
+
+    Raises:
+        ConfigError: naming the flag, the path and why.
+    """
+    if not path:
+        return
+    out = Path(path)
+    why = "it is a directory" if out.is_dir() else None
+    parent = out.parent
+    while why is None and not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if why is None and not parent.is_dir():
+        why = f"{parent} is not a directory"
+    if why is None:
+        try:
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".sara-probe.")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            why = f"{parent} is not writable ({exc.strerror or exc})"
+    if why:
+        raise ConfigError(f"{flag} {str(path)!r} cannot be written: {why}; give a writable file path")
+
+
+def write_report(report: Mapping[str, Any], path: str | Path | None, *, kept: str = "") -> Path | None:
+    """Write ``report`` as JSON to ``path`` atomically (parents created), say so on stdout, return the path; None
+    when ``path`` is None.
+
+    Raises:
+        RunWriteError: the file cannot be written (a full disk), one line naming it and ``kept`` (what the command
+            already wrote elsewhere).
+    """
     if not path:
         return None
+    from sara.storage import atomic_write
+    from sara.train.rundir import RunWriteError
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    text = json.dumps(report, indent=2) + "\n"
+    try:
+        atomic_write(out, lambda fh: fh.write(text.encode()))
+    except OSError as exc:
+        raise RunWriteError(f"could not write the JSON report {out} ({exc.strerror or exc})"
+                            + (f"; {kept}" if kept else "")) from None
     print(f"\nJSON: {out}")
     return out
 
@@ -82,9 +123,10 @@ def claim_dir(path: str | Path, *, overwrite: bool, marker: str, what: str, repl
     directory another run holds is a ``ConfigError`` naming its pid, and nothing in it is touched. A directory that
     already holds ``marker`` (the file a run writes first, e.g. ``metrics.jsonl``) is a previous run: without
     ``overwrite`` a ``ConfigError`` names it and the ways out; with it, the previous run's ``replace`` entries
-    (files or directories, e.g. ``checkpoints``) are removed, so none of them outlives it. With ``resume`` the
-    previous run is kept and must be there (else a ``ConfigError``, and a missing directory is not created). Nothing
-    else in the directory is touched.
+    (files or directories, e.g. ``checkpoints``) are retired in one atomic step (``sara.train.rundir.retire``), so
+    none of them outlives it, even when a kill interrupts the retirement. With ``resume`` the previous run is kept
+    and must be there (else a ``ConfigError``, and a missing directory is not created). The ``replace`` entries are
+    the run's own: a symbolic link among them is refused. Nothing else in the directory is touched.
 
     Args:
         path: The run directory.
@@ -104,15 +146,18 @@ def claim_dir(path: str | Path, *, overwrite: bool, marker: str, what: str, repl
     if resume and not (out / marker).exists():  # before the lock, which would create the directory
         raise ConfigError(f"{what}: --resume: {out} holds no run to continue (no {marker}); drop --resume to start "
                           "one there")
-    lock = RunLock(out, field=field, what=config or what)
+    lock = RunLock(out, field=field, what=config or what, own=replace)
     try:
-        if resume or not (out / marker).exists():
+        if resume and not (out / marker).exists():  # a retirement the lock finished took it
+            raise ConfigError(f"{what}: --resume: {out} holds no run to continue (no {marker}); drop --resume to "
+                              "start one there")
+        if resume or not os.path.lexists(out / marker):
             return lock
         if not overwrite:
             hint = ", --resume to continue it" if resume_hint else ""
             raise ConfigError(f"{what}: {out} already holds a run ({out / marker}); pass --overwrite to replace it"
                               f"{hint}, or --out DIR for a new one")
-        remove_entries(out, replace)
+        retire(out, replace)
     except BaseException:
         lock.release()
         raise
@@ -120,13 +165,9 @@ def claim_dir(path: str | Path, *, overwrite: bool, marker: str, what: str, repl
 
 
 def remove_entries(directory: str | Path, names: Sequence[str]) -> None:
-    """Remove ``names`` (files or directories, relative to ``directory``) where they exist; hold its run lock."""
-    for name in names:
-        entry = Path(directory) / name
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        elif entry.exists() or entry.is_symlink():
-            entry.unlink()
+    """Remove ``names`` (files or directories, relative to ``directory``) where they exist, in one atomic step
+    (``sara.train.rundir.retire``); hold its run lock."""
+    retire(directory, names)
 
 
 def progress(tag: str, message: str) -> None:

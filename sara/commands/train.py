@@ -21,10 +21,7 @@ import math
 import sys
 from typing import Any
 
-__all__ = ["register", "run", "format_summary", "RUN_FILES"]
-
-RUN_FILES = ("metrics.jsonl", "learning_curve.png", "checkpoints", "tb")
-"""What a run writes in its directory (``--overwrite`` removes these first)."""
+__all__ = ["register", "run", "format_summary"]
 
 
 def register(subparsers: Any) -> None:
@@ -76,13 +73,19 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides, values={} if args.out is None else {"out_dir": args.out})
     if args.out is None and cfg.out_dir is None:  # runs/<name>, a name that carries what differs
         cfg = cfg.model_copy(update={"name": train_run_name(cfg, overrides)})
+    from sara.train.dtypes import dtype_lines, run_dtypes
+
+    dtypes = run_dtypes(cfg)  # what ``auto`` resolves to here (sara.machine), before anything is built
     if args.print_config:
-        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip("\n"))
+        print("\n".join(f"# {line}" for line in ["dtypes on this machine (auto: bfloat16 where it is native):",
+                                                  *dtype_lines(dtypes)]))
         return 0
     if cfg.threads is None:
         cfg = cfg.model_copy(update={"threads": default_threads()})
     from sara.commands.output import claim_dir
     from sara.config import ConfigError
+    from sara.train.rundir import RUN_FILES
 
     if args.resume and args.overwrite:
         raise ConfigError("sara train: give --resume (continue the run in --out) or --overwrite (replace it), not both")
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sara train: {run_label(cfg.algo, cfg.allocator, cfg.sampler)} on {cfg.task} ({cfg.policy} policy, "
               f"{cfg.backend} backend), "
               f"{cfg.steps} steps x {cfg.groups_per_step} groups of k={cfg.k} -> {cfg.output_dir}", flush=True)
+        print("\n".join(dtype_lines(dtypes)), flush=True)
         with Trainer(cfg, resume=args.resume, verbose=True, run_lock=lock) as trainer:
             summary = trainer.train()
     finally:
@@ -102,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         from sara.commands.output import write_report
 
-        write_report(summary_report(summary, cfg, seconds), args.json_out)
+        write_report(summary_report(summary, cfg, seconds), args.json_out,
+                     kept=f"the run is complete in {cfg.output_dir}" + (f" (checkpoint {summary.checkpoint})"
+                                                                         if summary.checkpoint else ""))
     if summary.interrupted:
         import signal
 

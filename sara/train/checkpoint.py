@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from sara.config import ConfigError
-from sara.storage import atomic_write
+from sara.storage import atomic_write, write_point
 from sara.train.codec import decode, encode
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_path", "rng_state",
@@ -188,6 +188,7 @@ def prune_checkpoints(directory: str | Path, keep: int, *, current: str | Path |
     for p in done[keep:]:
         if current is not None and p.name == Path(current).name:
             continue
+        write_point("checkpoint.prune", p)
         p.unlink(missing_ok=True)
         marker_path(p).unlink(missing_ok=True)
 

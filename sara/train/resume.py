@@ -11,7 +11,8 @@ validates every part of it against the freshly built trainer before any of it is
    non-negative integers where counts, steps and indices go; finite numbers; the step the file name says; pool
    indices and sampler positions inside the pool; the policy's tensors with the fresh policy's names, shapes and
    dtypes, finite; optimizer moments shaped like their parameters and hyperparameters equal to the config's; RNG
-   states of the right sizes; and the allocator, sampler and surplus bank must load into copies of the fresh ones.
+   states of the right sizes; the run files it vouches for (the metrics log's length and sha256); and the
+   allocator, sampler and surplus bank must load into copies of the fresh ones.
    Any failure is a ``CheckpointError`` naming the file and the first problem: resume skips that checkpoint (with a
    warning) and tries the next older one. The checks of single values and parts are ``sara.train.state_checks``.
 """
@@ -29,6 +30,7 @@ from sara.config import ConfigError
 from sara.train.checkpoint import CheckpointError
 from sara.train.state_checks import (
     check_bank,
+    check_files,
     check_learner,
     check_outcomes,
     check_rng,
@@ -144,6 +146,7 @@ def _validate(trainer: Any, path: Path, state: Any) -> None:
                state["sampler"])
     check_bank(state["bank"], trainer, path, pool)
     check_rng(fresh["rng"], state["rng"], path)
+    check_files(state["files"], path)
 
 
 def check_resume(trainer: Any, path: Path, state: Any, *, out: Any = None) -> Any:

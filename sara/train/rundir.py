@@ -11,25 +11,45 @@ SIGKILL, so a crashed run never leaves a stale lock behind.
 ``--resume`` continues a run or refuses: ``refuse_empty_resume`` stops the resume of a directory that holds a run
 but no checkpoint (``NothingToResume``) before anything is built, so the run's files are kept instead of being
 overwritten by a fresh start.
+
+A run directory is the run's own: the lock file is opened without following a symbolic link, and a link among the
+run's own entries (``own``: ``RUN_FILES`` for a training run, at any depth) is refused when the lock is taken, before
+anything is written. ``--overwrite`` retires the previous run in one atomic step (``retire``: the list of its
+entries is staged in a new directory, which one ``rename`` makes ``.sara.retired``; the entries are then moved into
+it and it is deleted); whoever takes the lock next finishes a retirement a kill interrupted
+(``finish_retirement``), so no directory ever holds half of an old run beside a new one. A file of the run that
+cannot be written (a full disk) stops the run with ``RunWriteError``, one line naming the file and the checkpoint
+the run kept (``write_failed``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
+import json
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sara.config import ConfigError
+from sara.config import ConfigError, SaraError
+from sara.storage import LogMismatch, atomic_write, fsync_dir, open_nofollow, write_point
 
-__all__ = ["LOCK_NAME", "RUN_MARKER", "NothingToResume", "RunLock", "refuse_empty_resume", "releases_run_lock",
-           "take_run_lock"]
+__all__ = ["LOCK_NAME", "RETIRED", "RUN_FILES", "RUN_MARKER", "NothingToResume", "RunLock", "RunWriteError",
+           "checkpoint_failed", "finish_retirement", "refuse_empty_resume", "refuse_links", "releases_run_lock", "retire",
+           "run_writes", "take_run_lock", "write_failed"]
 
 LOCK_NAME = ".sara.lock"
 RUN_MARKER = "metrics.jsonl"
 """The file a training run writes first: a directory that holds it holds a run."""
+RUN_FILES = ("metrics.jsonl", "learning_curve.png", "checkpoints", "tb")
+"""What a training run writes in its directory (``--overwrite`` retires these first)."""
+RETIRED = ".sara.retired"
+"""Where a retired run's entries wait to be deleted (``retire``)."""
+_STAGING, _NAMES = ".sara.retiring.", ".names.json"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -40,20 +60,28 @@ class RunLock:
         directory: The run's output directory.
         field: The config field (or flag) that names it, for error messages.
         what: What reads that field, for error messages.
+        own: The entries the run writes (``RUN_FILES`` for a training run).
 
     Raises:
-        ConfigError: the directory cannot be created or written (naming the field and the OS error), or another run
-            holds it (naming its pid).
+        ConfigError: the directory cannot be created or written (naming the field and the OS error), another run
+            holds it (naming its pid), or a symbolic link is among ``own`` (or is the lock file).
+
+    Once the lock is held, a retirement a killed ``--overwrite`` left unfinished is finished (``finish_retirement``)
+    and the entries ``own`` (names relative to ``directory``) are checked for links (``refuse_links``).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, field: str = "out_dir", what: str = "train config") -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, field: str = "out_dir", what: str = "train config",
+                 own: Sequence[str] = ()) -> None:
         self.directory = Path(directory)
         self.path = self.directory / LOCK_NAME
         self._fh: Any = None
         where = f"{what}: field '{field}': {str(directory)!r}"
+        if os.path.islink(self.path):
+            raise ConfigError(f"{where}: {self.path} is a symbolic link; a run directory's files are its own and are "
+                              "never written through a link: remove it, or give another --out")
         try:
             Path(directory).mkdir(parents=True, exist_ok=True)
-            fh = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release()
+            fh = os.fdopen(open_nofollow(self.path, os.O_RDWR | os.O_CREAT), "r+b")  # held until release()
         except OSError as exc:
             raise ConfigError(f"{where} cannot be used as a run directory ({exc.strerror or exc}); give a writable "
                               "directory (--out DIR)") from None
@@ -69,20 +97,26 @@ class RunLock:
                 self._fh = fh
                 return
             fh.seek(0)
-            holder = fh.read(32).strip() or "unknown"
+            holder = fh.read(32).decode("ascii", errors="replace").strip() or "unknown"
             fh.close()
             raise ConfigError(f"{where} is in use by another sara run (pid {holder}); give another --out, or wait for "
                               "that run to finish") from None
         try:
             fh.seek(0)
             fh.truncate()
-            fh.write(f"{os.getpid()}\n")
+            fh.write(f"{os.getpid()}\n".encode())
             fh.flush()
         except OSError as exc:
             fh.close()
             raise ConfigError(f"{where} cannot be written ({exc.strerror or exc}); give a writable directory "
                               "(--out DIR)") from None
         self._fh = fh
+        try:
+            finish_retirement(self.directory, where=where)
+            refuse_links(self.directory, own, where=where)
+        except BaseException:
+            self.release()
+            raise
 
     @property
     def held(self) -> bool:
@@ -115,7 +149,7 @@ def take_run_lock(directory: str | os.PathLike[str], held: RunLock | None = None
         ValueError: ``held`` locks another directory.
         ConfigError: as ``RunLock``; ``NothingToResume`` (a lock taken here is released first).
     """
-    lock = RunLock(directory) if held is None or not held.held else held
+    lock = RunLock(directory, own=RUN_FILES) if held is None or not held.held else held
     if lock.directory.resolve() != Path(directory).resolve():
         raise ValueError(f"run_lock holds {lock.directory}, not the run directory {directory}")
     try:
@@ -159,3 +193,134 @@ def releases_run_lock(init: F) -> F:
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def refuse_links(directory: str | os.PathLike[str], names: Sequence[str], *, where: str = "run directory") -> None:
+    """Refuse a symbolic link among the entries ``names`` of ``directory``, at any depth below them (the directory
+    itself and its parents may be links: they are the path the user gave).
+
+    Raises:
+        ConfigError: naming the first link found and the way out.
+    """
+    root = Path(directory)
+    for name in names:
+        top, found = root / name, None
+        if top.is_symlink():
+            found = top
+        elif top.is_dir():
+            for base, dirs, files in os.walk(top):  # never descends into a link
+                found = next((Path(base, n) for n in (*dirs, *files) if os.path.islink(os.path.join(base, n))), None)
+                if found is not None:
+                    break
+        if found is not None:
+            raise ConfigError(f"{where}: {found} is a symbolic link; a run directory's files are its own and are "
+                              "never written through a link: remove it, or give another --out")
+
+
+def retire(directory: str | os.PathLike[str], names: Sequence[str]) -> None:
+    """Retire a previous run's entries ``names`` (relative to ``directory``) in one atomic step, then delete them.
+
+    The list of the entries present is written into a new staging directory, which one ``rename`` makes
+    ``RETIRED``: from then on the old run is gone, whatever happens. The entries are then moved into it
+    (``finish_retirement``) and it is deleted; a kill at any point is finished by whoever takes the run lock next.
+    Hold the directory's run lock.
+    """
+    root = Path(directory)
+    present = [n for n in names if os.path.lexists(root / n)]
+    if not present:
+        return
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=_STAGING))
+    atomic_write(staging / _NAMES, lambda fh: fh.write(json.dumps(present).encode()))
+    write_point("retire.staged", root / RETIRED)
+    os.rename(staging, root / RETIRED)  # the one atomic step
+    fsync_dir(root)
+    finish_retirement(root)
+
+
+def finish_retirement(directory: str | os.PathLike[str], *, where: str = "run directory") -> None:
+    """Finish what ``retire`` began in ``directory``: move the entries its list names aside, delete them, and drop
+    staging directories of retirements killed before their atomic step (their run stands). Hold the run lock.
+
+    Raises:
+        ConfigError: the retirement's list is damaged (naming it), or it cannot be finished (naming the OS error).
+    """
+    root = Path(directory)
+    trash = root / RETIRED
+    try:
+        for stale in root.glob(_STAGING + "*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
+        if not os.path.lexists(trash):
+            return
+        if trash.is_symlink() or not trash.is_dir():
+            raise ConfigError(f"{where}: {trash} is not a directory sara made; remove it")
+        for name in _retired_names(trash, where):
+            if os.path.lexists(root / name):
+                write_point("retire.move", root / name)
+                os.rename(root / name, trash / name)
+        fsync_dir(root)
+        write_point("retire.delete", trash)
+        shutil.rmtree(trash)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot retire the previous run into {trash} ({exc.strerror or exc}); make the "
+                          "directory writable, or give another --out") from None
+
+
+def _retired_names(trash: Path, where: str) -> list[str]:
+    """The entries a retirement moves (none when its list is gone: its deletion had begun, every entry moved)."""
+    try:
+        with open(trash / _NAMES, "rb") as fh:
+            names = json.loads(fh.read(1 << 16).decode("utf-8"))
+    except FileNotFoundError:
+        return []
+    except (ValueError, RecursionError):
+        names = None
+    if not (isinstance(names, list) and all(isinstance(n, str) and n not in ("", ".", "..") and "/" not in n
+                                            and "\\" not in n and n not in (_NAMES, LOCK_NAME) for n in names)):
+        raise ConfigError(f"{where}: the list of a retired run, {trash / _NAMES}, is damaged; remove {trash} and "
+                          "the previous run's files by hand")
+    return names
+
+
+class RunWriteError(SaraError):
+    """A file of a run directory could not be written (a full disk, a directory made read-only): one line naming
+    the file and what the run kept."""
+
+
+def write_failed(exc: OSError, *, step: int, checkpoint: str | os.PathLike[str] | None) -> RunWriteError:
+    """The ``RunWriteError`` of ``exc`` (its ``filename`` the file that could not be written) after ``step``, naming
+    the last good ``checkpoint`` (None: there is none) and the way on."""
+    kept = (f"kept: checkpoint {checkpoint}; free space (or make the directory writable) and continue with --resume"
+            if checkpoint else "no checkpoint was written (checkpoint_every), so the run cannot be resumed; free "
+            "space and start it again with --overwrite")
+    return RunWriteError(f"could not write {exc.filename or 'a file of the run directory'} ({exc.strerror or exc}) "
+                         f"at step {step}; {kept}")
+
+
+def checkpoint_failed(path: str | os.PathLike[str], exc: OSError) -> str:
+    """The warning of a checkpoint ``path`` that could not be written: the OS error and the checkpoint kept."""
+    from sara.train.checkpoint import latest_checkpoint
+
+    prev = latest_checkpoint(Path(path).parent)
+    kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
+    return f"could not write checkpoint {path} ({exc.strerror or exc}); {kept}"
+
+
+@contextlib.contextmanager
+def run_writes(trainer: Any) -> Iterator[None]:
+    """Around a ``Trainer``'s writes to its run directory: an ``OSError`` on a file inside ``trainer.out_dir`` (a
+    full disk, a symbolic link) becomes ``write_failed``'s one-line ``RunWriteError``, and a metrics log that does
+    not match what the resumed checkpoint recorded of it (``sara.storage.LogMismatch``) a one-line ``ConfigError``
+    that keeps every file."""
+    try:
+        yield
+    except LogMismatch as exc:
+        raise ConfigError(f"--resume: {exc}; checkpoint {trainer.last_checkpoint} and the log are kept as they are: "
+                          "restore the log, or start the run over with --overwrite") from None
+    except OSError as exc:
+        out = os.path.abspath(trainer.out_dir)
+        if not (exc.filename and os.path.abspath(str(exc.filename)).startswith(out + os.sep)):
+            raise
+        raise write_failed(exc, step=trainer.step, checkpoint=trainer.last_checkpoint) from None

@@ -19,11 +19,25 @@ import numpy as np
 
 from sara.train.checkpoint import CheckpointError
 
-__all__ = ["POOL_INDEXED", "check_bank", "check_learner", "check_outcomes", "check_rng", "check_values", "equal",
+__all__ = ["POOL_INDEXED", "check_bank", "check_files", "check_learner", "check_outcomes", "check_rng", "check_values", "equal",
            "fail", "finite", "first_difference", "like", "trial_load", "whole"]
 
 POOL_INDEXED = ("pool_index", "pos")
 """State keys holding a position in the prompt pool (a sampler's position in its pass, a group's prompt)."""
+
+
+def check_files(files: Any, path: Path, names: tuple[str, ...] = ("metrics.jsonl",)) -> None:
+    """The run files a checkpoint vouches for (``sara.storage.AppendLog.manifest``): ``{name: {"bytes": whole,
+    "sha256": 64 lowercase hex digits}}``, names among ``names``."""
+    if not isinstance(files, Mapping) or not set(files) <= set(names):
+        raise fail(path, "files", f"expected a mapping with some of the keys {list(names)}")
+    for name, entry in files.items():
+        if not isinstance(entry, Mapping) or set(entry) != {"bytes", "sha256"}:
+            raise fail(path, f"files.{name}", "expected the keys ['bytes', 'sha256']")
+        whole(entry["bytes"], path, f"files.{name}.bytes")
+        digest = entry["sha256"]
+        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")):
+            raise fail(path, f"files.{name}.sha256", f"expected 64 hex digits, got {digest!r}"[:300])
 
 
 def equal(a: Any, b: Any) -> bool:

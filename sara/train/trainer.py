@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections import defaultdict
@@ -36,7 +37,7 @@ from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
 from sara.train.resume import check_resume
 from sara.train.reweight import weigh_advantages
-from sara.train.rundir import RunLock, releases_run_lock, take_run_lock
+from sara.train.rundir import RUN_MARKER, RunLock, releases_run_lock, run_writes, take_run_lock
 from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, peak_rss_mb, run_files
 from sara.train.summary import summarize as summarize_run
 
@@ -126,6 +127,8 @@ class Trainer:
         self.skipped_checkpoints: list[str] = []  # newer checkpoints --resume could not use, and why
         self.last_checkpoint: Path | None = None
         self._saved_step = -1
+        self._logger: Any = None  # the open metrics log; its manifest goes into checkpoints, as do those of _files
+        self._files: dict[str, Any] = {}  # what the loaded checkpoint or the last train() vouches for
         self._carry: Any = None  # streaming with carry_lag: what the last step handed on (never checkpointed)
         self._horizon = cfg.steps  # the running train() call's last step (no carry out of it)
         if resume:
@@ -203,32 +206,31 @@ class Trainer:
         log JSONL (+ TensorBoard), plot; return a summary.
 
         SIGINT / SIGTERM (the first of them) end the run after the running step with a final checkpoint; the summary
-        says which signal (``interrupted``). A checkpoint that cannot be written (e.g. a full disk) is a warning.
+        says which signal (``interrupted``). A checkpoint that cannot be written (e.g. a full disk) is a warning,
+        any other file of the run a one-line error (``sara.train.rundir.run_writes``).
         """
         from sara.metrics import PROGRESS_FIELDS, MetricsLogger, plot_learning_curves, read_jsonl
         from sara.train.guards import StopSignals
 
         cfg = self.config
         total = self._horizon = cfg.steps if steps is None else steps
-        logger = MetricsLogger(self.out_dir, total_steps=total, progress=cfg.progress and log,
-                               tensorboard=cfg.tensorboard if log else False,
-                               resume_step=self.step if self.resumed_from is not None else None, show=PROGRESS_FIELDS)
-        with StopSignals() as stop:
-            self._loop(total, logger, stop)
-        records = read_jsonl(logger.path)
-        try:
-            plot_learning_curves(records, self.out_dir / "learning_curve.png",
-                                 title=f"{cfg.algo} + {cfg.allocator}"
-                                 f"{'' if cfg.sampler.strip() == 'uniform' else '@' + cfg.sampler} on {cfg.task}")
-        except ImportError:  # matplotlib is optional
-            pass
-        summary = self.summary(records)
+        with run_writes(self):
+            logger = self._logger = MetricsLogger(
+                self.out_dir, total_steps=total, progress=cfg.progress and log, resume=self._files.get(RUN_MARKER),
+                tensorboard=cfg.tensorboard if log else False, initial_step=self.step, show=PROGRESS_FIELDS)
+            with StopSignals() as stop:
+                self._loop(total, logger, stop)
+            with contextlib.suppress(ImportError):  # matplotlib is optional
+                plot_learning_curves(read_jsonl(logger.path), self.out_dir / "learning_curve.png",
+                                     title=f"{cfg.algo} + {cfg.allocator}"
+                                     f"{'' if cfg.sampler.strip() == 'uniform' else '@' + cfg.sampler} on {cfg.task}")
+        summary = self.summary()  # from the evaluations the trainer ran or its checkpoint carried
         summary.interrupted = stop.received
         summary.files = run_files(self.out_dir)
         return summary
 
     def _loop(self, total: int, logger: Any, stop: Any) -> None:
-        cfg = self.config
+        cfg, learner = self.config, self.learner
         try:
             if self.step == 0:
                 logger.log(0, {**self.evaluate(), **self._cumulative()})
@@ -238,11 +240,9 @@ class Trainer:
                 if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step >= total or self.budget_spent():
                     metrics.update(self.evaluate())
                 metrics.update(self._cumulative())
-                metrics["train/optimizer_steps"] = float(self.learner.optimizer_steps)
-                metrics["train/lr"] = self.learner.lr()
+                metrics.update({"train/optimizer_steps": float(learner.optimizer_steps), "train/lr": learner.lr()})
                 self.wall_seconds += time.perf_counter() - t0
-                metrics["time/total"] = self.wall_seconds
-                metrics["sys/peak_rss_mb"] = peak_rss_mb()
+                metrics.update({"time/total": self.wall_seconds, "sys/peak_rss_mb": peak_rss_mb()})
                 logger.log(self.step, metrics)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
@@ -250,6 +250,7 @@ class Trainer:
                 self.save()
         finally:
             logger.close()
+            self._logger, self._files = None, {RUN_MARKER: logger.manifest()}
 
     def budget_spent(self, pending: int = 0) -> bool:
         """Whether the rollout budget is spent (counting ``pending`` rollouts not yet in the totals)."""
@@ -332,12 +333,14 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "bank": self.bank.state_dict(),
             "rng": rng_state(),
+            "files": {RUN_MARKER: self._logger.manifest()} if self._logger is not None else dict(self._files),
         }
 
     def save(self) -> Path | None:
         """Write ``<out_dir>/checkpoints/ckpt-<step>.pt`` (+ ``.sha256`` marker) atomically and prune old ones. A
         failed write (``OSError``: disk full) keeps the previous ones, warns saying so, returns None; training goes on."""
         from sara.train import checkpoint as ck
+        from sara.train.rundir import checkpoint_failed
 
         self.release_carry()  # carried work is engine state, not checkpointed (a mid-carry save drops it)
         directory = self.out_dir / "checkpoints"
@@ -347,10 +350,7 @@ class Trainer:
         try:
             ck.save_checkpoint(self.state_dict(), path)
         except OSError as exc:
-            prev = ck.latest_checkpoint(directory)
-            kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
-            print(f"sara: warning: could not write checkpoint {path} ({exc.strerror or exc}); {kept}",
-                  file=sys.stderr, flush=True)
+            print(f"sara: warning: {checkpoint_failed(path, exc)}", file=sys.stderr, flush=True)
             return None
         self._saved_step, self.last_checkpoint = self.step, path
         ck.prune_checkpoints(directory, self.config.keep_checkpoints, current=path)
@@ -379,6 +379,7 @@ class Trainer:
         self.totals = defaultdict(float, state["totals"])
         self.outcomes.load_state_dict(state["outcomes"])
         self.evals = list(state.get("evals", []))
+        self._files = dict(state["files"])
         if self.version > 0:
             self.backend.update_weights(self.policy.state_dict(), self.version)
 
