@@ -17,6 +17,14 @@ default.
 seconds (worker processes included) and reports no result: ``matrix.md`` lists the unfinished runs, and the same
 command run again keeps the finished runs and trains the others (another matrix on that ``--out`` is refused unless
 ``--overwrite``).
+
+``--store results/<name>`` keeps each finished cell x seed as small text files there, meant to be committed
+(``sara.experiments.store``: its config, config hash, sara version, machine, summary, eval curve and metrics; no
+checkpoints, which stay in ``--out``, a scratch directory then). The same command run anywhere a copy of those files
+is (a fresh clone, another machine) runs only the cell-seeds the store lacks, and the report pools every seed the
+store holds, saying per cell which machines ran how many. A store holding runs of another config or sara version is
+refused, naming the first differing field; ``--allow-mixed`` keeps them as cells of their own, never pooled.
+``--report results/<name>`` prints the report from the store's files alone (no runs).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from sara.commands.names import matrix_out
@@ -86,6 +95,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", dest="json_out", metavar="FILE", default=None,
                    help="also write the report (what matrix.json holds) to FILE")
     p.add_argument("--overwrite", action="store_true", help="replace a previous matrix in the output directory")
+    p.add_argument("--store", metavar="DIR", default=None,
+                   help="results store to commit, e.g. results/<name>: each finished run's small text files go "
+                        "there (no checkpoints); runs it holds are not run again, and the report pools all it holds")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="with --store: keep its runs of another config or sara version, reported as cells apart "
+                        "(never pooled), instead of refusing")
+    p.add_argument("--report", metavar="DIR", default=None,
+                   help="print the report of the results store DIR from its files alone (no runs); with "
+                        "--reference, --target-acc, --json")
     p.set_defaults(func=run)
 
 
@@ -104,13 +122,22 @@ def run(args: argparse.Namespace) -> int:
     if not reference or ";" in reference:
         raise ConfigError(f"matrix: field 'reference': one ALLOCATOR[@SAMPLER] spec, e.g. ds (got {reference!r})")
     parse_cells(["grpo"], [reference])  # the ALLOCATOR[@SAMPLER] form
+    if args.report:
+        return _print_store(args, reference)
+    if args.allow_mixed and not args.store:
+        raise ConfigError("matrix: --allow-mixed applies to a results store; add --store DIR")
     steps = args.steps or (6 if args.quick else 20)
     base = load_config(args.config, [], base=apply_overrides(QUICK, []) if args.quick else None)
     if args.driver:
         args.overrides = [f"driver.barrier={str(args.driver == 'sync').lower()}", *args.overrides]
     base = load_config(None, args.overrides, base=base.model_dump())
     # The run lock first: nothing in --out is removed while another matrix holds it.
-    lock = claim_dir(args.out or matrix_out(args), overwrite=args.overwrite,
+    out_dir = args.out or matrix_out(args)
+    if args.store and Path(out_dir).resolve().is_relative_to(Path(args.store).resolve()):
+        raise ConfigError(f"matrix: --out {out_dir} lies inside --store {args.store}, which holds small files "
+                          "only; give --out a directory outside it (default: under runs/)")
+    # With a store, --out is scratch: a finished matrix there is replaced (its results are in the store).
+    lock = claim_dir(out_dir, overwrite=args.overwrite or bool(args.store),
                      marker="matrix.json", what="sara matrix", replace=MATRIX_FILES)
     out = lock.directory
     try:
@@ -120,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         with Ticker("sara matrix", every=PROGRESS_EVERY_S):  # a "running" line between the finished runs' lines
             report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds,
                                 workers=args.workers, eval_every=every, reference=reference,
-                                target_acc=args.target_acc, command="sara matrix " + " ".join(_argv(args)))
+                                target_acc=args.target_acc, command="sara matrix " + " ".join(_argv(args)),
+                                store=args.store, allow_mixed=args.allow_mixed)
     except MatrixInterrupted as exc:
         print(f"sara matrix: {exc} (unfinished: {', '.join(exc.unfinished)})", file=sys.stderr, flush=True)
         return 128 + int(signal.Signals[exc.signal_name])
@@ -128,6 +156,17 @@ def run(args: argparse.Namespace) -> int:
         lock.release()
     print(format_report(report))
     print(f"wrote {out / 'matrix.md'}, {out / 'matrix.png'} (and _seconds, _tokens), {out / 'matrix.json'}")
+    if args.json_out:
+        write_report(report, args.json_out)
+    return 0
+
+
+def _print_store(args: argparse.Namespace, reference: str) -> int:
+    """``--report DIR``: the report of a results store, from its files alone."""
+    from sara.experiments.store import store_report
+
+    report = store_report(args.report, reference=reference, target_acc=args.target_acc)
+    print(format_report(report))
     if args.json_out:
         write_report(report, args.json_out)
     return 0
@@ -148,4 +187,6 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if args.config:
         parts.append(f"--config {args.config}")
     parts += [f"--set {o}" for o in args.overrides]
+    if args.store:
+        parts.append(f"--store {args.store}" + (" --allow-mixed" if args.allow_mixed else ""))
     return parts

@@ -5,7 +5,9 @@ A cell is an algorithm and an ``ALLOCATOR[@SAMPLER]`` spec (``parse_cells``); ev
 evaluation's samples; the starting weights are the same for every seed). ``run_matrix`` trains all runs in parallel
 processes (``sara.experiments.matrix_runs``: stopped by SIGINT / SIGTERM with no result reported, resumed by a rerun)
 and hands them to ``sara.experiments.matrix_report``, which measures them (``sara.experiments.curves``) and writes
-``matrix.json``, ``matrix.md``, ``matrix.png``, ``matrix_seconds.png`` and ``matrix_tokens.png``.
+``matrix.json``, ``matrix.md``, ``matrix.png``, ``matrix_seconds.png`` and ``matrix_tokens.png``. With a results store
+(``sara.experiments.store``) the runs it holds are not trained again, each finished run is stored as it finishes, and
+the report is the store's.
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def _run_one(cfg: dict[str, Any], stopped: Callable[[], str | None] = lambda: No
     if summary.interrupted:
         return summary.interrupted
     out = asdict(summary)
-    curve: dict[str, list[float]] = {"step": [], "rollouts": [], "tokens": [], "wall_s": [], "acc": []}
+    curve: dict[str, list[float]] = {"step": [], "rollouts": [], "tokens": [], "wall_s": [], "acc": [],
+                                     "effective_groups": []}
     phases = dict.fromkeys(PHASE_KEYS, 0.0)
     wall = 0.0
     for r in read_jsonl(Path(summary.out_dir) / "metrics.jsonl"):
@@ -156,7 +159,8 @@ def _run_one(cfg: dict[str, Any], stopped: Callable[[], str | None] = lambda: No
         if r.get("eval/acc_sample") is None:
             continue
         for key, value in (("step", r["step"]), ("rollouts", r.get("env/cum_rollouts", 0.0)),
-                           ("tokens", r.get("env/cum_tokens", 0.0)), ("wall_s", wall), ("acc", r["eval/acc_sample"])):
+                           ("tokens", r.get("env/cum_tokens", 0.0)), ("wall_s", wall), ("acc", r["eval/acc_sample"]),
+                           ("effective_groups", r.get("env/cum_effective_groups", 0.0))):
             curve[key].append(float(value))
     out["curve"] = curve
     out["phases"] = phases
@@ -166,7 +170,8 @@ def _run_one(cfg: dict[str, Any], stopped: Callable[[], str | None] = lambda: No
 
 def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, out_dir: str | Path, seeds: int = 1,
                workers: int | None = None, eval_every: int | None = None, reference: str = "ds",
-               target_acc: float | None = None, command: str = "") -> dict[str, Any]:
+               target_acc: float | None = None, command: str = "", store: str | Path | None = None,
+               allow_mixed: bool = False) -> dict[str, Any]:
     """Train every cell for every seed from ``base`` at the same rollout budget; measure and write the outputs.
 
     Args:
@@ -185,12 +190,16 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
             rollouts to it are the denominator of the ratios.
         target_acc: A fixed target accuracy instead of the reference's.
         command: The command line, written at the top of ``matrix.md``.
+        store: A results store (``sara.experiments.store``): the planned runs it holds are not trained again, each
+            run that finishes is stored there as it finishes, and the report is the store's (every run it holds).
+        allow_mixed: Keep a store's runs of another config or sara version, reported apart (else refused).
 
     Returns:
         The report (``sara.experiments.matrix_report.analyze``), also written to ``matrix.json``.
 
     Raises:
-        ConfigError: ``out_dir`` holds an unfinished matrix planned differently (``matrix_runs.claim_plan``).
+        ConfigError: ``out_dir`` holds an unfinished matrix planned differently (``matrix_runs.claim_plan``), or
+            ``store`` holds runs of another config or version (``ResultStore.claim``).
         MatrixInterrupted: a signal stopped it; ``matrix.md`` then lists the unfinished runs and nothing else.
     """
     from sara.config import validate_config
@@ -217,7 +226,7 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
                       "denominator; --target-acc X fixes the target instead)", flush=True)
     seed_list = [base_cfg.seed + i for i in range(seeds)]
     cores = default_threads()
-    n_runs = len(cells) * seeds
+    asked, n_runs = workers, len(cells) * seeds
     workers = max(1, min(workers or cores, n_runs))
     threads = max(1, cores // workers)
     every = eval_every if eval_every is not None else max(1, steps // 3)
@@ -240,27 +249,60 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
     if not task.eval_prompts:
         raise ConfigError(f"matrix: field 'task': {base_cfg.task!r} has no held-out prompts, and sara matrix measures "
                           "held-out accuracy; hold some out with the task option eval_size=N")
+    eval_prompts = min(base_cfg.eval.num_prompts, len(task.eval_prompts))
+    kept, todo, on_result = _use_store(store, runs, base_cfg.sampler, allow_mixed, eval_prompts)
+    if kept:  # the workers and their threads by the runs left to train
+        workers = max(1, min(asked or cores, len(todo)))
+        threads = max(1, cores // workers)
+        for i in todo:
+            runs[i][1]["threads"] = threads
     policy_name, policy_options = base_cfg.component("policy")
     POLICIES.get(policy_name)(policy_options, task=task, seed=base_cfg.seed, verbose=True)
     earlier = claim_plan(out, [(cell.name, cfg["seed"], cfg) for cell, cfg in runs])
     print(f"sara matrix: {len(cells)} cells x {seeds} seed(s), budget {budget:,} rollouts each, {workers} worker(s) "
-          f"x {threads} thread(s) -> {out}" + (f"; {earlier} run(s) finished earlier are kept" if earlier else ""),
-          flush=True)
-    labels = [f"{cell.name} seed {cfg['seed']}" for cell, cfg in runs]
+          f"x {threads} thread(s) -> {out}" + (f"; {earlier} run(s) finished earlier are kept" if earlier else "")
+          + (f"; {len(kept)} run(s) stored in {store} are not run again" if kept else ""), flush=True)
+    labels = [f"{runs[i][0].name} seed {runs[i][1]['seed']}" for i in todo]
     try:
-        results = run_all(_run_one, [cfg for _, cfg in runs], workers=workers, labels=labels,
-                          on_result=lambda i, res: _report(runs[i][0], res))
+        done = run_all(_run_one, [runs[i][1] for i in todo], workers=workers, labels=labels,
+                       on_result=lambda j, res: on_result(todo[j], res))
     except MatrixInterrupted as exc:  # no results: a status page names the unfinished runs
         (out / "matrix.md").write_text(f"# Unfinished matrix\n\n`{command or 'sara matrix'}` was {exc}.\n\n"
                                        "Unfinished runs (no results):\n\n" + "".join(f"- {u}\n" for u in exc.unfinished))
         raise
-    eval_prompts = min(base_cfg.eval.num_prompts, len(task.eval_prompts))
-    report = analyze([(cell, res) for (cell, _), res in zip(runs, results)], budget=budget, reference=reference,
-                     target_acc=target_acc, eval_prompts=eval_prompts, eval_samples=base_cfg.eval.samples)
+    if store is not None:
+        from sara.experiments.store import config_hash, sara_version, store_report, store_view
+
+        main = (config_hash(store_view(runs[0][1], base_cfg.sampler)), sara_version())
+        report = store_report(store, reference=reference, target_acc=target_acc, main=main,
+                              order=list(dict.fromkeys(cell.name for cell in cells)))
+    else:
+        results = dict(zip(todo, done))
+        report = analyze([(cell, results[i]) for i, (cell, _) in enumerate(runs)], budget=budget,
+                         reference=reference, target_acc=target_acc, eval_prompts=eval_prompts,
+                         eval_samples=base_cfg.eval.samples)
     report["command"] = command
     report["wall_seconds"] = time.perf_counter() - t0
     write_outputs(report, out)
     return report
+
+
+def _use_store(store: str | Path | None, runs: list[tuple[Cell, dict[str, Any]]], base_sampler: str,
+               allow_mixed: bool, eval_prompts: int) -> tuple[dict[int, Any], list[int], Callable[[int, Any], None]]:
+    """The runs ``store`` holds (not trained again), the indices of the others, and what to do as each finishes
+    (print it; with a store, store it too)."""
+    if store is None:
+        return {}, list(range(len(runs))), lambda i, res: _report(runs[i][0], res)
+    from sara.experiments.store import ResultStore
+
+    rs = ResultStore(store, create=True)
+    kept = rs.claim(runs, base_sampler=base_sampler, allow_mixed=allow_mixed)
+
+    def on_result(i: int, res: dict[str, Any]) -> None:
+        rs.save(runs[i][0], runs[i][1], res, base_sampler=base_sampler, eval_prompts=eval_prompts)
+        _report(runs[i][0], res)
+
+    return kept, [i for i in range(len(runs)) if i not in kept], on_result
 
 
 def _report(cell: Cell, r: Mapping[str, Any]) -> None:

@@ -23,12 +23,14 @@ from sara.experiments.curves import (
     eval_standard_errors,
     seed_measures,
 )
+from sara.experiments.saving import COST_NOTES, cell_costs, cost_lines, cost_ratios, machines
 
 __all__ = ["MEASURES", "analyze", "format_report", "write_outputs", "plot_report", "ratio_interval"]
 
 _RAW = ("seed", "name", "algo", "allocator", "steps", "acc_before", "acc_after", "rollouts", "tokens",
         "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve", "phases", "acc_by_band",
-        "tokens_by_fate", "prompt_tokens", "trained_tokens", "seconds_by_phase")
+        "tokens_by_fate", "prompt_tokens", "trained_tokens", "seconds_by_phase", "machine_kind", "config_hash",
+        "sara_version")
 MEASURES = ("rollouts", "tokens", "wall_s")
 """What a cell spends to the target, each compared with the reference cell: rollouts, generated tokens, training
 seconds."""
@@ -96,6 +98,7 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
         agg["phases"] = _phases(rs)
         agg["tokens"] = _tokens(rs)
         agg["final_acc_by_band"] = _by_band(rs, 1)
+        agg["costs"], agg["machines"] = cell_costs(rs, target), machines(rs)  # sara.experiments.saving
         cells.append({"algo": algo, "cell": cell.spec, "allocator": cell.allocator, "sampler": cell.sampler,
                       "name": cell.name, "is_reference": cell.spec == reference,
                       "runs": [{**{k: r[k] for k in _RAW if k in r}, "measures": m} for r, m in zip(rs, measured)],
@@ -111,6 +114,7 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
             num = c["aggregate"][f"{key}_to_target"]
             den = ref_cell["aggregate"][f"{key}_to_target"] if ref_cell else {"mean": math.nan, "half": math.nan}
             c["aggregate"][f"{key}_ratio"], c["aggregate"][f"{key}_ratio_half"] = ratio_interval(num, den)
+        cost_ratios(c["aggregate"]["costs"], ref_cell["aggregate"]["costs"] if ref_cell else None)
         ph, ref_ph = c["aggregate"]["phases"], (ref_cell or {}).get("aggregate", {}).get("phases")
         if ph is not None:
             ref_rate = ref_ph["collect_s_per_token"] if ref_ph else math.nan
@@ -219,6 +223,12 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines += [f"Budget {report['budget']:,.0f} rollouts per run; {len(seeds)} seed(s) per cell "
               f"({', '.join(map(str, seeds))}); values are the mean ± the 95% t-interval half-width over seeds "
               "(one seed: the value alone)."]
+    store = report.get("store")
+    if store:
+        lines += ["", f"From the results store `{store['path']}`: " + "; ".join(
+            f"{v['runs']} run(s) of config {v['config_hash']}, sara {v['sara_version']}" for v in store["variants"])
+            + (" (cells of another config or version are labelled and never pooled)."
+               if len(store["variants"]) > 1 else ".")]
     ev = report["eval"]
     ref_censored = {algo: any(c["is_reference"] and c["aggregate"]["reached"] < c["aggregate"]["n"]
                               for c in report["cells"] if c["algo"] == algo) for algo in report["algos"]}
@@ -249,6 +259,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                 _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", *spent,
                 _ci(a["wall_s_per_effective_group"], "#.3g"),
                 f"{a['rollouts_per_effective_group']:.1f}", _ci(a["steps"], ".1f"), f"{a['effective_fraction']:.2f} |"]))
+        lines += cost_lines(report, algo)
         rows = [(c["cell"], c["aggregate"].get("phases")) for c in report["cells"] if c["algo"] == algo]
         if all(ph is not None for _, ph in rows):
             lines += ["", "Where the training seconds go (all seeds pooled):", "",
@@ -302,7 +313,7 @@ def format_report(report: Mapping[str, Any]) -> str:
               "(× ref: over the reference cell's, the engine's cost of a token under each allocator); rounds: the driver's "
               "synchronous rounds (streaming: none); banked groups: left in the surplus bank after a step; batch "
               "reward var: the trained groups' mean within-group reward variance (`train/group_reward_var`, p(1 - p) "
-              "of a group's own success rate for 0/1 rewards)."]
+              "of a group's own success rate for 0/1 rewards).", *COST_NOTES]
     return "\n".join(lines) + "\n"
 
 
