@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from sara.allocators.base import AllocatorConfig, BudgetAllocator
+from sara.allocators.base import AllocatorConfig, BudgetAllocator, ProtocolError
 from sara.allocators.effectiveness import BinaryEffectiveness, EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
 from sara.allocators.sara import SARAAllocator, SARAConfig
@@ -48,6 +48,7 @@ __all__ = [
     "EffectivenessModel",
     "GroupsPrompts",
     "LendsPopulation",
+    "ProtocolError",
     "SARAAllocator",
     "SARAConfig",
     "SARAPaperAllocator",

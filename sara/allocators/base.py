@@ -19,6 +19,12 @@ decision is vectorized over units. A unit is usually a prompt; tree allocators u
 Subclasses implement ``demand`` (how many rollouts each open unit should have started by now), ``wants_prompts`` and
 ``observe`` (fold delivered rewards in and close units); ``sara.allocators.sequential`` is the template for stopping
 rules, which then override ONE method, ``decide``.
+
+The public methods are the protocol's boundary: each checks its arguments (``sara.allocators.boundary``) before it
+changes anything, so a non-finite reward, a reward outside ``reward_range``, arrays of different lengths, an unknown
+unit id or more rollouts delivered than a unit has in flight is a ``ProtocolError`` naming the rollout, whoever calls.
+Subclasses extend the hooks behind them (``credit``, ``observe``) and call ``super()`` first where they extend a public
+method, so the check stays in one place.
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
+from sara.allocators.boundary import ProtocolError, as_count, as_ids, check_rewards, check_same_length
 from sara.config import SaraModel, validate_config
 from sara.types import Decision
 from sara.units import UnitStatus, UnitTable
 
-__all__ = ["AllocatorConfig", "BudgetAllocator"]
+__all__ = ["AllocatorConfig", "BudgetAllocator", "ProtocolError"]
 
 
 class AllocatorConfig(SaraModel):
@@ -86,16 +93,33 @@ class BudgetAllocator(ABC):
         """Effectiveness tolerance: a group is effective when its reward std exceeds it."""
         return self.config.eps
 
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        """``(low, high)``: the rewards this allocator accepts (inclusive; infinite ends: any finite reward). A
+        delivered reward outside it, or not finite, is a ``ProtocolError``."""
+        return (-np.inf, np.inf)
+
+    def _who(self, method: str) -> str:
+        return f"allocator {self.name!r} ({type(self).__name__}).{method}"
+
+    def _ids(self, unit_ids: np.ndarray, method: str) -> np.ndarray:
+        """``unit_ids`` checked to be ids of this step's units."""
+        return as_ids(unit_ids, self._who(method), "unit_ids", below=len(self.units))
+
     # ---- the protocol ----------------------------------------------------------------------------------------
     def begin_step(self, target_groups: int, *, step: int | None = None, max_rollouts: int | None = None,
                    lookahead: int = 0) -> None:
         """Start a step that aims at ``target_groups`` committed groups within ``max_rollouts``; ``lookahead``: groups
         to work ahead for the next step (a driver that carries open units over)."""
+        who = self._who("begin_step")
+        target_groups, lookahead = as_count(target_groups, who, "target_groups"), as_count(lookahead, who, "lookahead")
+        max_rollouts = None if max_rollouts is None else as_count(max_rollouts, who, "max_rollouts")
+        step = None if step is None else as_count(step, who, "step")
         self.units = UnitTable()
-        self.target_groups = int(target_groups)
-        self.lookahead = int(lookahead)
-        self.max_rollouts = None if max_rollouts is None else int(max_rollouts)
-        self.step = self.step + 1 if step is None else int(step)
+        self.target_groups = target_groups
+        self.lookahead = lookahead
+        self.max_rollouts = max_rollouts
+        self.step = self.step + 1 if step is None else step
         self._counters["steps"] += 1
 
     @abstractmethod
@@ -104,7 +128,7 @@ class BudgetAllocator(ABC):
 
     def admit(self, pool_index: np.ndarray) -> np.ndarray:
         """Create one unit per fresh prompt; returns their unit ids."""
-        pool_index = np.asarray(pool_index, np.int64)
+        pool_index = as_ids(pool_index, self._who("admit"), "pool_index")
         ids = self.units.add(pool_index, prior=self.prior_params(pool_index))
         self._counters["units"] += len(ids)
         return ids
@@ -120,6 +144,9 @@ class BudgetAllocator(ABC):
     def dispatch(self, free: int, only: np.ndarray | None = None) -> np.ndarray:
         """Unit ids (with repeats, in ``demand`` order) of up to ``free`` rollouts to start now (among the units
         ``only`` when given); marks them in flight."""
+        if not (isinstance(free, (int, np.integer)) and not isinstance(free, (bool, np.bool_)) and free < 0):
+            free = as_count(free, self._who("dispatch"), "free")  # a negative whole number asks for nothing
+        only = None if only is None else self._ids(only, "dispatch")
         u = self.units
         if free <= 0 or len(u) == 0:
             return np.zeros(0, np.int64)
@@ -138,10 +165,40 @@ class BudgetAllocator(ABC):
     def finished(self, unit_ids: np.ndarray, rewards: np.ndarray, index: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
         """Fold delivered rollouts in (``unit_ids`` may repeat; ``index``: each rollout's index within its unit) and
-        return ``(unit_ids, decisions)`` of the units closed now."""
-        unit_ids = np.asarray(unit_ids, np.int64)
-        np.subtract.at(self.units.inflight, unit_ids, 1)
-        return self.observe(unit_ids, np.asarray(rewards, np.float64))
+        return ``(unit_ids, decisions)`` of the units closed now.
+
+        Raises:
+            ProtocolError: arrays of different lengths, an id that is not a unit of this step, more rollouts of a unit
+                than it has in flight, a negative index, or a reward that is not finite or outside ``reward_range``;
+                nothing is folded in then.
+        """
+        who = self._who("finished")
+        unit_ids = self._ids(unit_ids, "finished")
+        check_same_length(who, unit_ids=unit_ids, rewards=np.atleast_1d(np.asarray(rewards, dtype=object)),
+                          index=None if index is None else np.atleast_1d(np.asarray(index, dtype=object)))
+        index = None if index is None else as_ids(index, who, "index")
+        u = self.units
+
+        def where(i: int) -> str:
+            j = "" if index is None else f" {int(index[i])}"
+            return f"rollout{j} of unit {int(unit_ids[i])} (prompt {int(u.pool_index[unit_ids[i]])})"
+
+        rewards = check_rewards(rewards, who, self.reward_range, where)
+        ids, counts = np.unique(unit_ids, return_counts=True)
+        over = counts > u.inflight[ids]
+        if over.any():
+            b = int(ids[over][0])
+            raise ProtocolError(f"{who}: {int(counts[over][0])} rollouts of unit {b} (prompt {int(u.pool_index[b])}) "
+                                f"delivered, {int(u.inflight[b])} in flight; deliver each dispatched rollout once, "
+                                "and none of a unit after abort / carry_out")
+        self.credit(unit_ids, index)
+        np.subtract.at(u.inflight, unit_ids, 1)
+        return self.observe(unit_ids, rewards)
+
+    def credit(self, unit_ids: np.ndarray, index: np.ndarray | None) -> None:
+        """Hook of ``finished``, called with its checked arguments before ``observe``: per-rollout bookkeeping by
+        ``index`` (trees credit each leaf to its node). Default: nothing."""
+        return None
 
     @abstractmethod
     def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -151,11 +208,11 @@ class BudgetAllocator(ABC):
 
     def abort(self, unit_ids: np.ndarray) -> None:
         """Forget the in-flight rollouts of ``unit_ids`` (the driver cancelled them)."""
-        self.units.inflight[np.asarray(unit_ids, np.int64)] = 0
+        self.units.inflight[self._ids(unit_ids, "abort")] = 0
 
     def inflight(self, unit_ids: np.ndarray) -> np.ndarray:
         """Rollouts in flight per unit."""
-        return self.units.inflight[np.asarray(unit_ids, np.int64)]
+        return self.units.inflight[self._ids(unit_ids, "inflight")]
 
     def filling(self) -> np.ndarray:
         """Units being filled: committed, with fewer than k rollouts delivered."""
@@ -175,7 +232,7 @@ class BudgetAllocator(ABC):
     # ---- carry-over: open units handed from one step to the next -------------------------------------------------
     def carry_out(self, unit_ids: np.ndarray) -> None:
         """Hand open units to the next step: they are not closed by ``end_step`` and not in ``observations``."""
-        unit_ids = np.asarray(unit_ids, np.int64)
+        unit_ids = self._ids(unit_ids, "carry_out")
         self.units.status[unit_ids] = UnitStatus.CARRIED
         self.units.inflight[unit_ids] = 0
 
@@ -187,14 +244,25 @@ class BudgetAllocator(ABC):
 
         Returns:
             ``(unit_ids, closed, decisions)``: the new unit ids, and the units the replay closed.
+
+        Raises:
+            ProtocolError: ``pool_index``, ``rewards`` and ``inflight`` of different lengths, or a bad reward (as in
+                ``finished``); nothing is admitted then.
         """
-        ids = self.admit(np.asarray(pool_index, np.int64))
+        who = self._who("carry_in")
+        pool_index = as_ids(pool_index, who, "pool_index")
+        check_same_length(who, pool_index=pool_index, rewards=rewards, inflight=np.atleast_1d(np.asarray(inflight)))
+        inflight = as_ids(inflight, who, "inflight")
+        lens = np.fromiter((len(np.atleast_1d(r)) for r in rewards), np.int64, count=len(rewards))
+        of = np.repeat(np.arange(len(lens)), lens)
+        flat = check_rewards(np.concatenate([np.atleast_1d(np.asarray(r)) for r in rewards]) if len(rewards)
+                             else np.zeros(0), who, self.reward_range,
+                             lambda i: f"carried rollout of unit {int(of[i])} (prompt {int(pool_index[of[i]])})")
+        ids = self.admit(pool_index)
         self._counters["units"] -= len(ids)  # admitted (and counted) once already
-        self.units.inflight[ids] = np.asarray(inflight, np.int64)
-        lens = np.fromiter((len(r) for r in rewards), np.int64, count=len(rewards))
+        self.units.inflight[ids] = inflight
         if lens.sum() == 0:
             return ids, np.zeros(0, np.int64), np.zeros(0, np.int8)
-        flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
         closed, decisions = self.observe(np.repeat(ids, lens), flat)
         self._counters["rollouts"] -= int(lens.sum())  # counted when delivered
         return ids, closed, decisions
@@ -202,7 +270,7 @@ class BudgetAllocator(ABC):
     # ---- what drivers and samplers read ----------------------------------------------------------------------
     def pool_indices(self, unit_ids: np.ndarray) -> np.ndarray:
         """Prompt index in the pool of each unit."""
-        return self.units.pool_index[np.asarray(unit_ids, np.int64)]
+        return self.units.pool_index[self._ids(unit_ids, "pool_indices")]
 
     def observations(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(pool_index, n, rsum)`` of every unit of the step, in unit-id order (copies; for prompt samplers)."""

@@ -58,6 +58,7 @@ class ContinuousEffectiveness(EffectivenessModel):
         self.k, self.eps, self.low, self.high, self.atol = int(k), float(eps), float(low), float(high), float(atol)
         self.a_low, self.a_high, self.a_mid = float(a_low), float(a_high), float(a_mid)
         self.sigma_shape, self.sigma_scale = float(sigma_shape), float(sigma_scale)
+        self.reward_range = (self.low - self.atol, self.high + self.atol)
 
     def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
         rng = table.rmax[idx] - table.rmin[idx]

@@ -15,7 +15,14 @@ __all__ = ["BinaryEffectiveness", "EffectivenessModel"]
 
 
 class EffectivenessModel(ABC):
-    """Turns a unit's sufficient statistics into 'already effective?' and P(completed group effective)."""
+    """Turns a unit's sufficient statistics into 'already effective?' and P(completed group effective).
+
+    Attributes:
+        reward_range: ``(low, high)``, the rewards the model is defined on (inclusive; infinite ends: any finite
+            reward). An allocator built on the model refuses others at the protocol's boundary.
+    """
+
+    reward_range: tuple[float, float] = (-np.inf, np.inf)
 
     @abstractmethod
     def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
@@ -27,7 +34,10 @@ class EffectivenessModel(ABC):
 
 
 class BinaryEffectiveness(EffectivenessModel):
-    """0/1 rewards, Beta(alpha0, beta0) prior per unit (``table.prior``), closed-form ``p_effective``."""
+    """0/1 rewards, Beta(alpha0, beta0) prior per unit (``table.prior``), closed-form ``p_effective``. Rewards in
+    [0, 1] are accepted (a partial score, such as Countdown's ``format_score``, counts as its rounded outcome)."""
+
+    reward_range = (0.0, 1.0)
 
     def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
         return (table.rmax[idx] - table.rmin[idx]) > eps

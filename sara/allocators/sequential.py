@@ -106,6 +106,11 @@ class SequentialAllocator(BudgetAllocator):
         self.prior: Prior = prior if prior is not None else ConstantPrior(self.config.alpha0, self.config.beta0)
         self._paths = self.commit_paths()  # P(commit) of fresh and in-flight units, sizes oversample='auto'
 
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        """The effectiveness model's reward range (binary: [0, 1]; continuous: its bounds)."""
+        return self.model.reward_range
+
     # The hooks ---------------------------------------------------------------------------------------------------
     def decide(self, units: UnitView) -> np.ndarray:
         """Decision codes ``[len(units.ids)]`` for undecided units whose prefix is not mixed. Default: continue."""

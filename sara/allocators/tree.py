@@ -39,6 +39,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import Field
 
+from sara.allocators.boundary import ProtocolError
 from sara.allocators.effectiveness import EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
 from sara.handles import format_handle, parse_handle
@@ -89,6 +90,8 @@ class TreeEffectiveness(EffectivenessModel):
     ``leaves`` (set by the allocator) holds the actual leaves per branch node of every unit ``[M, branches]``; without
     it the round-robin shape is assumed. The completed tree is the observed one water-filled to k leaves.
     """
+
+    reward_range = (0.0, 1.0)
 
     def __init__(self, branches: int, rho: float) -> None:
         self.branches, self.rho = int(branches), float(rho)
@@ -149,7 +152,7 @@ class TreeSARAAllocator(SARAPaperAllocator):
     nodes opened by delivered leaves), and the same two counting the leaves in flight (``placed``,
     ``placed_opened``), which the node policy places new leaves against. ``dispatch`` chooses the node of every leaf
     it starts (``node_of[u, j]`` for the tree's j-th leaf); ``prefix`` sends those choices to a tree-aware
-    environment; ``finished`` credits each delivered leaf to its node by its index j. Trees are not carried over
+    environment; ``credit`` (called by ``finished``) credits each delivered leaf to its node by its index j. Trees are not carried over
     between steps.
     """
 
@@ -266,25 +269,27 @@ class TreeSARAAllocator(SARAPaperAllocator):
         return [format_handle(self.step, u, b, [c], [o]) for u, c, o in zip(ids.tolist(), node.tolist(),
                                                                             opened.tolist())]
 
-    def finished(self, unit_ids: np.ndarray, rewards: np.ndarray, index: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-        """Credit each delivered leaf to the node it was dispatched to (``index``: the leaf's j), then decide."""
-        unit_ids = np.asarray(unit_ids, np.int64)
+    def credit(self, unit_ids: np.ndarray, index: np.ndarray | None) -> None:
+        """Credit each delivered leaf to the node it was dispatched to (``index``: the leaf's j)."""
+        who = self._who("finished")
         if index is None:
-            raise ValueError("sara_tree.finished: needs each leaf's index within its tree (index=)")
-        node = self.node_of[unit_ids, np.asarray(index, np.int64)]
+            raise ProtocolError(f"{who}: needs each leaf's index within its tree (index=)")
+        if (index >= self.k).any():
+            raise ProtocolError(f"{who}: leaf index {int(index.max())} of a tree of k={self.k} leaves (indices "
+                                f"0..{self.k - 1}); pass the index j each leaf was dispatched with")
+        node = self.node_of[unit_ids, index]
         if (node < 0).any():
-            raise ValueError("sara_tree.finished: rewards for leaves that were never dispatched")
+            raise ProtocolError(f"{who}: rewards for leaves that were never dispatched (unit "
+                                f"{int(unit_ids[node < 0][0])}, index {int(index[node < 0][0])})")
         np.add.at(self.leaves, (unit_ids, node), 1)
         np.maximum.at(self.opened, unit_ids, node + 1)
-        return super().finished(unit_ids, rewards, index)
 
     def abort(self, unit_ids: np.ndarray) -> None:
         """Cancelled leaves leave their nodes: placement counts fall back to the delivered leaves."""
-        unit_ids = np.asarray(unit_ids, np.int64)
+        super().abort(unit_ids)
+        unit_ids = np.asarray(unit_ids, np.int64)  # checked by the template's abort
         self.placed[unit_ids] = self.leaves[unit_ids]
         self.placed_opened[unit_ids] = self.opened[unit_ids]
-        super().abort(unit_ids)
 
     def node_shape(self, unit_id: int) -> list[int]:
         """Leaves under each opened branch node of a tree (for inspection and tests)."""

@@ -10,7 +10,9 @@ Checks, in both driver modes (synchronous rounds on a simulated pool; streaming 
 4. determinism: two copies with the same seed produce identical groups and rewards;
 5. state: ``state_dict`` -> ``load_state_dict`` into a fresh copy continues exactly like the original;
 6. streaming: steps with carry-over on a scripted engine whose completions finish out of order keep exact
-   accounting and are deterministic (``sara.testing.streaming``).
+   accounting and are deterministic (``sara.testing.streaming``);
+7. boundary: non-finite rewards, rewards outside ``reward_range``, arrays of different lengths and unknown unit ids
+   are refused by every public method with a ``ProtocolError`` that changes nothing (``sara.testing.boundary``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sara.driver import collect
 from sara.envs.base import RolloutEnv
 from sara.envs.sim.binary import SimulatedEnv
 from sara.samplers.base import UniformSampler
+from sara.testing.boundary import check_boundary
 from sara.testing.streaming import CountingEnv, check_streaming
 from sara.types import CollectResult, Decision
 
@@ -101,7 +104,8 @@ def check_allocator(
         stream: Run the streaming leg too.
 
     Returns:
-        A summary: per seed the stop reasons, rollouts and effective groups; ``stream``: the streaming leg's.
+        A summary: per seed the stop reasons, rollouts and effective groups; ``stream``: the streaming leg's;
+        ``boundary``: the number of bad calls refused.
     """
     if isinstance(allocator, BudgetAllocator):
         template = copy.deepcopy(allocator)
@@ -110,9 +114,9 @@ def check_allocator(
             return copy.deepcopy(template)
     else:
         make = allocator
+    summary: dict[str, Any] = {"boundary": check_boundary(make, AllocatorCheckError)["refused"]}
     custom_env = env_factory  # the streaming leg streams on it too (else on its scripted engine)
     env_factory = env_factory or (lambda seed: SimulatedEnv("u-shaped", size=4000, seed=seed))
-    summary: dict[str, Any] = {}
     for seed in seeds:
         runs = []
         for _ in range(2):  # twice: determinism
