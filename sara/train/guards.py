@@ -5,6 +5,8 @@ finite weights.
 step, writes a checkpoint and returns); a second one gets the default behaviour (``KeyboardInterrupt`` / termination).
 So does the first one when the run has not stopped ``grace_s`` seconds after it (``STOP_GRACE_S``, or the environment
 variable ``SARA_STOP_GRACE_S``): a step that never ends cannot keep a run alive, and no checkpoint is written of it.
+The countdown is kept by a watchdog thread (``sara.train.stopping``), so it holds while the main thread is inside one
+long native call too.
 
 ``VerifierHealth``: per step, the verifier errors and timeouts among that step's rollouts (``env/verifier_errors``,
 ``env/verifier_timeouts``), their run totals, and a ``VerifierFailure`` when a step's share exceeds the configured
@@ -28,6 +30,7 @@ from typing import Any
 from sara.config import ConfigError, SaraError
 from sara.envs.task_env import ReportsVerifierFailures
 from sara.step import CollectObserver
+from sara.train.stopping import StopWatchdog
 
 __all__ = ["NonFiniteTraining", "STOP_GRACE_S", "StepLimitReached", "StopSignals", "VerifierFailure", "VerifierHealth",
            "check_finite", "check_step_limit", "stop_grace_s"]
@@ -112,21 +115,16 @@ def stop_grace_s() -> float:
     return value
 
 
-def _say(text: str) -> None:
-    """Write a line to stderr's file descriptor (a signal handler must not re-enter ``sys.stderr``)."""
-    try:
-        os.write(2, f"{text}\n".encode())
-    except OSError:  # pragma: no cover - stderr closed
-        pass
-
-
 class StopSignals:
     """Context manager: the first SIGINT / SIGTERM sets ``received`` to the signal's name; the second is not caught.
 
-    The first one also starts a countdown of ``grace_s`` seconds: if the block is still running when it ends, the
-    signal is sent again and gets the behaviour a second one would (``KeyboardInterrupt`` for SIGINT, the process's
-    earlier SIGTERM handling, by default termination), after a line on stderr saying so. Outside the main thread
-    (where Python cannot install handlers) it does nothing and ``received`` stays None.
+    The first one also starts a countdown of ``grace_s`` seconds, kept by a watchdog thread
+    (``sara.train.stopping.StopWatchdog``) that learns of the signal when it arrives, even while the main thread is
+    inside one long native call: if the block is still running when the countdown ends, a line on stderr says so and
+    the signal gets the behaviour a second one would (``KeyboardInterrupt`` for SIGINT, the process's earlier SIGTERM
+    handling, by default termination); a process that has not ended ``EXIT_MARGIN_S`` later, or whose main thread never
+    returned to the interpreter, exits with status 128 + the signal. Outside the main thread (where Python cannot
+    install handlers) it does nothing and ``received`` stays None.
 
     Args:
         grace_s: Seconds the block may take to end after the first signal (default: ``stop_grace_s()``).
@@ -139,37 +137,30 @@ class StopSignals:
         self.received: str | None = None
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
-        self._timer: threading.Timer | None = None
-        self._active = False
+        self._watchdog: StopWatchdog | None = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.received, self.signum = signal.Signals(signum).name, signum
         for s, handler in self._previous.items():  # a second signal is not deferred
             signal.signal(s, handler)
-        _say(f"sara: {self.received}: stopping after the running step (within {self.grace_s:g} s; a second signal "
-             "stops at once)")
-        self._timer = threading.Timer(self.grace_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
+        if self._watchdog is not None:
+            self._watchdog.handled = True
 
-    def _expire(self) -> None:
-        if not self._active or self.signum is None:
-            return
-        _say(f"sara: {self.received}: still running {self.grace_s:g} s after it; stopping now, without finishing "
-             "or checkpointing the running step (SARA_STOP_GRACE_S sets the wait)")
-        os.kill(os.getpid(), self.signum)
+    @staticmethod
+    def _redeliver(signum: int) -> None:
+        os.kill(os.getpid(), signum)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            self._active = True
             for s in self.SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
+            self._watchdog = StopWatchdog(self.grace_s, self._redeliver).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._active = False
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous = {}
