@@ -4,9 +4,9 @@ the machine that computed them (``sara matrix --store DIR``, ``sara matrix --rep
 Layout of a store (nothing else is written there; no checkpoints, no run directories)::
 
     DIR/store.json                          the store's mark: {"format": 1}; written once
-    DIR/cells/<cell>/seed<s>.json           one finished run: cell, seed, config, config hash, sara version,
-                                            machine, and the measures the report needs (summary, eval curve,
-                                            seconds by phase)
+    DIR/cells/<cell>/seed<s>.json           one finished run: cell, seed, config, config hash, sara version
+                                            (and git commit, when known), machine, and the measures the report
+                                            needs (summary, eval curve, seconds by phase)
     DIR/cells/<cell>/seed<s>.metrics.jsonl  that run's metrics.jsonl, one record per line
 
 Every file is JSON with sorted keys, so a rerun that adds seeds adds files and changes none. A run's
@@ -28,7 +28,8 @@ from typing import Any
 from sara.config import ConfigError
 from sara.storage import atomic_write
 
-__all__ = ["FORMAT", "MARK", "VOLATILE", "DROPPED", "ResultStore", "store_view", "config_hash", "sara_version"]
+__all__ = ["FORMAT", "MARK", "VOLATILE", "DROPPED", "ResultStore", "store_view", "config_hash", "sara_version",
+           "sara_commit", "store_report"]
 
 FORMAT = 1
 MARK = "store.json"
@@ -44,6 +45,21 @@ def sara_version() -> str:
     import sara
 
     return str(sara.__version__)
+
+
+def sara_commit() -> str | None:
+    """The git commit the installed sara was loaded from, when it is a git checkout (provenance only: runs pool by
+    config hash and version, since every commit of a store changes it); None elsewhere."""
+    import subprocess
+
+    import sara
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(sara.__file__).parent, capture_output=True,
+                             text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def _dump(value: Any) -> str:
@@ -197,7 +213,7 @@ class ResultStore:
         record = {"format": FORMAT, "cell": {"algo": cell.algo, "allocator": cell.allocator,
                                              "sampler": cell.sampler, "spec": cell.spec, "name": cell.name},
                   "seed": int(cfg["seed"]), "config": view, "config_hash": config_hash(view),
-                  "sara_version": sara_version(), "machine": machine, "machine_kind": machine_kind(machine),
+                  "sara_version": sara_version(), "sara_commit": sara_commit(), "machine": machine, "machine_kind": machine_kind(machine),
                   "threads": cfg.get("threads"), "eval_prompts": int(eval_prompts), "result": res}
         path = self.path(cell.name, cfg["seed"])
         lines = "".join(json.dumps(r, sort_keys=True) + "\n"
