@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from sara.config import SaraError, validate_config
+from sara.machine import resolve_dtype
 from sara.storage import cache_root, directory_checksums, file_lock, verify_directory
 
 __all__ = ["MODELS", "ModelSource", "ModelPrepareError", "RegistryUnreachableError", "cache_root", "model_dir",
@@ -323,13 +324,13 @@ def generator_state(state_dict: Mapping[str, Any]) -> dict[str, Any]:
             if not k.startswith(NON_MODEL_PREFIXES)}
 
 
-def load_hf_model(model: str | os.PathLike[str], *, dtype: str = "bfloat16", device: str = "cpu",
+def load_hf_model(model: str | os.PathLike[str], *, dtype: str = "auto", device: str = "cpu",
                   cache_dir: str | None = None) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a prepared model name or a local HF directory (eval mode, no grad).
 
     Args:
         model: A name in ``MODELS`` (prepared on first use) or a local HF model directory.
-        dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
+        dtype: ``"auto"`` (bfloat16 where ``device`` has it natively, else float32: ``sara.machine``) or a name.
         device: Torch device.
         cache_dir: Cache root for named models.
     """
@@ -337,11 +338,10 @@ def load_hf_model(model: str | os.PathLike[str], *, dtype: str = "bfloat16", dev
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
     path = resolve_model(model, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    module = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[dtype]).to(device).eval()
-    return module, tokenizer
+    module = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, resolve_dtype(dtype, device).name))
+    return module.to(device).eval(), tokenizer
 
 
 def resolve_hf_model(model: Any, tokenizer: Any, options: Mapping[str, Any], config_cls: type[Any], *,

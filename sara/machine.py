@@ -115,8 +115,8 @@ _WARNED: set[str] = set()
 def resolve_dtype(want: DtypeWant, device: str = "cpu") -> DtypeChoice:
     """Resolve ``auto`` by the device: bfloat16 where it multiplies bfloat16 natively, else float32.
 
-    An explicit dtype is kept; forcing bfloat16 on a device without it warns once per device kind (``RuntimeWarning``)
-    with the expected slowdown.
+    An explicit dtype is kept (its reason says so, and for bfloat16 whether the device has it natively); forcing
+    bfloat16 on a device without it warns once per device kind (``RuntimeWarning``) with the expected slowdown.
     """
     native, why = bf16_native(device)
     if want == "auto":
@@ -128,6 +128,7 @@ def resolve_dtype(want: DtypeWant, device: str = "cpu") -> DtypeChoice:
             warnings.warn(f"bfloat16 was asked for on {device}, but {why}: expect its matmuls many times slower "
                           "than float32 (generation about 2x slower, the learner's matmuls up to ~36x; see "
                           "docs/results.md); use 'auto' or 'float32'", RuntimeWarning, stacklevel=2)
+    if want == "bfloat16":
         return DtypeChoice("bfloat16", f"as asked; {why}")
     return DtypeChoice(want, "as asked")
 

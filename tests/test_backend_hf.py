@@ -32,7 +32,7 @@ def model_path(smollm2_path):
 def policy(model_path):
     from sara.policies.hf import HFPolicy
 
-    return HFPolicy(model_path, dtype="float32")
+    return HFPolicy(model_path, dtype="float32", compute_dtype="float32")
 
 
 @pytest.fixture(scope="module")

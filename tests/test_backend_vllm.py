@@ -39,7 +39,7 @@ def engine(model_path):
 def policy(model_path):
     from sara.policies.hf import HFPolicy
 
-    return HFPolicy(model_path, dtype="float32")
+    return HFPolicy(model_path, dtype="float32", compute_dtype="float32")
 
 
 def test_conformance_and_engine_settings(engine, policy):

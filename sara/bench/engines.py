@@ -101,7 +101,7 @@ def _random_hf(options: dict[str, Any], seed: int) -> Any:
     path = resolve_model(cfg.model, cfg.cache_dir)
     torch.manual_seed(seed)
     module = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    module = module.to(dtype=_DTYPES[cfg.dtype], device=cfg.device).eval()
+    module = module.to(dtype=_DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
     return HFBackend(module, AutoTokenizer.from_pretrained(path), **options)
 
 

@@ -4,8 +4,9 @@ The trainer gets token log-probs (and entropies) of given sequences, an optional
 optimizer, and a state dict to push to the generator. ``score_at`` is the learner's fast forward
 (``sara.policies.base.PrefixScorer``): the prompt prefix every row shares is forwarded once and its keys / values
 broadcast to the rows (``sara.policies.prefix``), and the vocabulary projection runs only at the scored (response)
-positions; ``compute_dtype`` runs the matmuls in bfloat16 under autocast over float32 weights. ``state_dict()`` holds the causal LM's own keys (what a
-generator loads: ``HFBackend.update_weights``, ``VLLMBackend.update_weights``) plus ``value_head.*`` entries when
+positions; ``compute_dtype`` runs the matmuls in bfloat16 under autocast over float32 weights (``auto``, the
+default: where the device multiplies bfloat16 natively, ``sara.machine``). ``state_dict()`` holds the causal LM's own
+keys (what a generator loads: ``HFBackend.update_weights``, ``VLLMBackend.update_weights``) plus ``value_head.*`` entries when
 there is a value head; backends drop the latter.
 
 Shapes: ``B`` sequences, ``T`` positions, ``V`` vocabulary size, ``D`` hidden size.
@@ -23,9 +24,10 @@ from torch import nn
 
 from sara.config import MIN_TEMPERATURE, SaraModel
 from sara.hub import NON_MODEL_PREFIXES, resolve_hf_model
+from sara.machine import DtypeChoice, resolve_dtype
 from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
 
-__all__ = ["HFPolicy", "HFPolicyConfig", "bf16_native", "make_hf_policy"]
+__all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
 
 
 class HFPolicyConfig(SaraModel):
@@ -42,14 +44,25 @@ class HFPolicyConfig(SaraModel):
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE)
     """Logits are divided by this before the log-softmax (match the sampling temperature if the loss needs it); at
     least ``sara.config.MIN_TEMPERATURE``."""
-    compute_dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Dtype of the forward / backward matmuls. ``bfloat16``: autocast over the ``dtype`` weights (float32 master
     weights and AdamW state; log-softmax and losses stay float32). ``auto``: bfloat16 where the device multiplies
-    bfloat16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32."""
+    bfloat16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX usable by oneDNN), else float32
+    (``sara.machine.resolve_dtype``). bfloat16 weights (``dtype``) compute in bfloat16 whatever this says."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower; no shared-prefix forward)."""
     cache_dir: str | None = None
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
+
+    def compute_choice(self) -> DtypeChoice:
+        """The dtype the learner's matmuls run in on ``device``, and why (``auto`` resolved by ``sara.machine``;
+        forcing bfloat16 where it is not native warns once)."""
+        if self.dtype == "bfloat16":
+            return DtypeChoice("bfloat16", f"{resolve_dtype('bfloat16', self.device).reason}; bfloat16 weights")
+        choice = resolve_dtype(self.compute_dtype, self.device)
+        if choice.name == "bfloat16":
+            return DtypeChoice("bfloat16", f"{choice.reason}; autocast over {self.dtype} weights")
+        return choice
 
 
 class HFPolicy(ScoreViews):
@@ -65,6 +78,7 @@ class HFPolicy(ScoreViews):
         self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFPolicyConfig,
                                                                    what="policy 'hf'")
         self.model.train()
+        self.compute = self.config.compute_choice()  # the learner's dtype and why (what a run prints and records)
         if self.config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         hidden = int(self.model.config.hidden_size)
@@ -85,11 +99,8 @@ class HFPolicy(ScoreViews):
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """The dtype the matmuls run in under autocast, or None when they run in the weights' dtype."""
-        want = self.config.compute_dtype
-        if want == "auto":
-            want = "bfloat16" if bf16_native(self.device) else "float32"
         weights = next(self.model.parameters()).dtype
-        return torch.bfloat16 if want == "bfloat16" and weights != torch.bfloat16 else None
+        return torch.bfloat16 if self.compute.name == "bfloat16" and weights != torch.bfloat16 else None
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.autocast_dtype
@@ -243,16 +254,6 @@ def _attention_kernel(pairs: int, device: torch.device) -> contextlib.AbstractCo
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.MATH])
-
-
-def bf16_native(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bfloat16 natively (CUDA with bf16 support; a CPU with AVX512-BF16 or AMX)."""
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    if device.type != "cpu":
-        return False
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(bool(f()) for f in probes if f is not None)  # private probes: absent in some torch builds
 
 
 def make_hf_policy(options: Mapping[str, Any] | None = None, **_: Any) -> HFPolicy:

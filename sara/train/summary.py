@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sara.metrics import BAND_PREFIX
+from sara.train.dtypes import run_machine
 
 __all__ = ["FATES", "PHASES", "STAT_TOTALS", "RunSummary", "cumulative_spend", "peak_rss_mb", "summarize", "run_files"]
 
@@ -102,6 +103,9 @@ class RunSummary:
     acc_by_band: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Held-out accuracy per ``eval.by`` label (a mixture's components, or prompt-length bands), before and after:
     ``{label: (before, after)}``; empty when the evaluation reports no labels."""
+    machine: dict[str, Any] = field(default_factory=dict)
+    """Where the run computed: ``sara.machine.machine_info`` (CPU model, dtype-relevant flags, cores, threads,
+    torch, ...), its ``kind`` label and the resolved ``dtypes`` (``sara.train.dtypes.run_machine``)."""
 
     @property
     def effective_fraction(self) -> float:
@@ -136,7 +140,8 @@ def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) 
         seconds_by_phase={phase: float(t[f"seconds_{phase}"]) for phase in PHASES},
         checkpoint=None if trainer.last_checkpoint is None else str(trainer.last_checkpoint), peak_rss_mb=peak_rss_mb(),
         acc_by_band={key.removeprefix(BAND_PREFIX): (float(first[key]), float(last[key])) for key in first
-                     if key.startswith(BAND_PREFIX) and key in last})
+                     if key.startswith(BAND_PREFIX) and key in last},
+        machine=run_machine(cfg))
 
 
 def run_files(out_dir: str | Path, *, max_listed: int = 4) -> list[str]:
