@@ -109,6 +109,13 @@ class DtypeChoice:
         return f"{what}: {self.name} ({self.reason})"
 
 
+def weights_choice(module: object, choice: DtypeChoice, other: str) -> DtypeChoice:
+    """What a torch ``module`` computes in: ``choice`` when its weights are in that dtype, else their own dtype with
+    the reason ``other`` (a module handed in as it is)."""
+    actual = str(next(module.parameters()).dtype).removeprefix("torch.")  # type: ignore[attr-defined]
+    return choice if actual == choice.name else DtypeChoice(actual, other)  # type: ignore[arg-type]
+
+
 _WARNED: set[str] = set()
 
 

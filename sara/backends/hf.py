@@ -44,7 +44,7 @@ from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.hub import HoldsHFModel, generator_state, load_hf_model, resolve_hf_model
-from sara.machine import DtypeChoice, resolve_dtype
+from sara.machine import DtypeChoice, resolve_dtype, weights_choice
 
 __all__ = ["HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
 
@@ -57,9 +57,8 @@ class HFBackendConfig(SaraModel):
     model: str = "smollm2"
     """A model name prepared by ``sara model prepare`` (``smollm2``) or a local HF model directory."""
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
-    """Weight dtype of the generating copy. ``auto``: bfloat16 where ``device`` multiplies it natively (CUDA with
-    bf16, a CPU with AVX512-BF16 or AMX usable by oneDNN), else float32 (``sara.machine.resolve_dtype``; a CPU
-    without native bfloat16 emulates its matmuls, slower than float32). Forcing bfloat16 there warns once."""
+    """Weight dtype of the generating copy. ``auto``: bfloat16 where ``device`` multiplies it natively, else float32
+    (``sara.machine.resolve_dtype``: emulated bfloat16 is slower than float32; forcing it there warns once)."""
     device: str = "cpu"
     """Torch device of the generating model."""
     max_batch_size: int = Field(64, ge=1, le=4096)
@@ -115,7 +114,8 @@ class HFBackend:
         self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFBackendConfig,
                                                                    what="backend 'hf'")
         model, tokenizer = self.model, self.tokenizer
-        self.compute = _module_choice(model, self.config)  # the generating dtype and why (a run prints it)
+        self.compute = weights_choice(model, self.config.dtype_choice(), "the policy's own module (share_policy)"
+                                      if self.config.share_policy else "the given module's weights")
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
         self.pad_id = int(pad)
@@ -375,17 +375,6 @@ class HFBackend:
         self.model = None
         self._stream = None
         self.prefix_cache = self.shared_prefix = None
-
-
-def _module_choice(module: Any, cfg: HFBackendConfig) -> DtypeChoice:
-    """What ``module`` generates in: the resolved ``dtype`` when its weights are in it, else its own weights' dtype
-    (a module passed in as is, or the policy's under ``share_policy``)."""
-    choice = cfg.dtype_choice()
-    actual = str(next(module.parameters()).dtype).removeprefix("torch.")
-    if actual == choice.name:
-        return choice
-    why = "the policy's own module (share_policy)" if cfg.share_policy else "the given module's weights"
-    return DtypeChoice(actual, why)  # type: ignore[arg-type]
 
 
 def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> HFBackend:
