@@ -57,8 +57,8 @@ class LearnerBenchConfig(SaraModel):
     """Generation cap of the completions."""
     reps: int = Field(3, ge=1)
     """Timed updates per path (interleaved, after one untimed warm-up of each)."""
-    compute_dtype: Literal["auto", "float32", "bfloat16"] = "bfloat16"
-    """The shipped path's ``HFPolicyConfig.compute_dtype``."""
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The shipped path's ``HFPolicyConfig.compute_dtype`` (``auto``: bfloat16 where this CPU has it natively)."""
     microbatch_tokens: int | None = Field(2048, ge=1)
     """The shipped path's ``OptimConfig.microbatch_tokens``."""
     algo: str = "grpo"
@@ -184,7 +184,8 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _rollouts(cfg: LearnerBenchConfig, policy: Any, log: Callable[[str], None]) -> list[Any]:
-    """``groups`` committed groups of ``k`` real completions (HF backend, bfloat16 copy of the policy's weights)."""
+    """``groups`` committed groups of ``k`` real completions (HF backend, a copy of the policy's weights in the
+    ``auto`` dtype)."""
     from sara.backends.hf import make_hf_backend
     from sara.envs.base import SamplingConfig
     from sara.envs.task_env import TaskEnv
@@ -192,7 +193,7 @@ def _rollouts(cfg: LearnerBenchConfig, policy: Any, log: Callable[[str], None]) 
     from sara.types import Decision, Group, RolloutRequest
 
     task = make_task(cfg.task)
-    backend = make_hf_backend(policy, {"dtype": "bfloat16", "max_batch_size": cfg.groups * cfg.k})
+    backend = make_hf_backend(policy, {"max_batch_size": cfg.groups * cfg.k})  # dtype auto (sara.machine)
     env = TaskEnv(task, backend, SamplingConfig(max_new_tokens=cfg.max_new_tokens, stop=task.stop))
     try:
         prompts = env.prompts[: cfg.groups]

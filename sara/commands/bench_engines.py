@@ -100,7 +100,7 @@ def register(bsub: Any) -> None:
     lb.add_argument("--max-new-tokens", type=int, default=None, help="generation cap (default: 6)")
     lb.add_argument("--reps", type=int, default=None, help="timed updates per path, interleaved (default: 3)")
     lb.add_argument("--compute-dtype", default=None, help="the shipped path's compute dtype (auto | float32 | "
-                    "bfloat16; default: bfloat16)")
+                    "bfloat16; default: auto, bfloat16 where this CPU has it natively)")
     lb.add_argument("--microbatch-tokens", type=int, default=None, help="the shipped path's micro-batch budget "
                     "(default: 2048)")
     lb.add_argument("--algo", default=None, help="algorithm spec (default: grpo)")
