@@ -31,6 +31,7 @@ from pydantic import Field
 
 from sara.allocators import compose, make_allocator
 from sara.bench.summary import group_ratios
+from sara.commands.counts import MAX_BATCH, MAX_GROUP, MAX_POOL, MAX_SEEDS, MAX_STEPS
 from sara.config import SaraModel
 from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
@@ -50,15 +51,15 @@ class AllocationBenchConfig(SaraModel):
     """Success-rate population: u-shaped | mid-training | uniform | beta:A,B | file:PATH (one rate per line) |
     features:informative / uninformative / misleading (prompts carry ``band`` / ``size`` features; for
     ``sara:group_by=auto``)."""
-    k: int = Field(8, ge=2)
+    k: int = Field(8, ge=2, le=MAX_GROUP)
     """Group size."""
-    target_groups: int = Field(512, ge=1)
+    target_groups: int = Field(512, ge=1, le=MAX_BATCH)
     """Committed groups per step."""
-    seeds: int = Field(3, ge=1)
+    seeds: int = Field(3, ge=1, le=MAX_SEEDS)
     """Independent pools (seeds 0..N-1)."""
-    pool_size: int = Field(20_000, ge=1)
+    pool_size: int = Field(20_000, ge=1, le=MAX_POOL)
     """Prompts per simulated pool."""
-    steps: int = Field(1, ge=1)
+    steps: int = Field(1, ge=1, le=MAX_STEPS)
     """Collection steps per seed (ignored in multi-step mode, see ``pool_epochs``)."""
     allocators: tuple[str, ...] = Field(("uniform", "ds", "sara"), min_length=1)
     """Allocator specs to compare; a spec may carry its own sampler as ``spec@sampler``."""

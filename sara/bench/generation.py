@@ -44,7 +44,8 @@ from pydantic import Field, field_validator
 
 from sara.bench.engines import build_backend, check_backend_name, reset_prefix_cache
 from sara.bench.generation_report import finish_report, format_table, write_json
-from sara.config import ConfigError, SaraModel, parse_spec, validate_config
+from sara.commands.counts import MAX_BATCH, MAX_GROUP, MAX_SEEDS, MAX_STEPS
+from sara.config import MAX_SEED, ConfigError, SaraModel, parse_spec, validate_config
 from sara.envs.base import EnvWrapper, StreamingEnv
 
 __all__ = ["GenerationBenchConfig", "DRIVER_SUFFIXES", "parse_allocators", "run_generation_bench", "format_table",
@@ -61,22 +62,22 @@ class GenerationBenchConfig(SaraModel):
     allocators: list[str] = Field(default_factory=lambda: ["ds", "sara", "sara+stream", "sara+carry"])
     """Allocator specs (``sara.allocators.make_allocator``), each optionally suffixed to select a streaming driver
     (``DRIVER_SUFFIXES``: ``+stream``, ``+fill``, ``+carry``)."""
-    carry_lag: int = Field(1, ge=1)
+    carry_lag: int = Field(1, ge=1, le=MAX_STEPS)
     """``+carry`` specs: steps a carried unit may lag (``DriverConfig.carry_lag``)."""
     complete_groups: bool = False
     """Streaming specs: a step that reaches its target waits for the groups still being filled
     (``DriverConfig.complete_groups``) instead of committing them with fewer than k rollouts."""
     task: str | None = None
     """Task spec (None = ``sara.bench.engines.DEFAULT_TASKS[backend]``)."""
-    groups: int = Field(32, ge=1)
+    groups: int = Field(32, ge=1, le=MAX_BATCH)
     """Target (committed) groups per collection step."""
-    k: int = Field(8, ge=2)
+    k: int = Field(8, ge=2, le=MAX_GROUP)
     """Group size."""
-    steps: int = Field(3, ge=1)
+    steps: int = Field(3, ge=1, le=MAX_STEPS)
     """Collection steps per allocator."""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of the prompt sampler, the rollouts and the tiny policy's warm start."""
-    seeds: int = Field(1, ge=1)
+    seeds: int = Field(1, ge=1, le=MAX_SEEDS)
     """Repeat the run with the sampler and rollout seeds ``seed``, ``seed + 1``, ...; the report pools them and gives
     95% intervals of the ratios (the tiny policy stays the one of ``seed``)."""
     reference: str | None = None

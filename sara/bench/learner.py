@@ -37,7 +37,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from sara.config import SaraModel
+from sara.commands.counts import MAX_BATCH, MAX_GROUP, MAX_SEEDS, MAX_TOKENS
+from sara.config import MAX_SEED, SaraModel
 
 __all__ = ["LearnerBenchConfig", "format_table", "matmul_gflops", "options_from_train_config", "run_learner_bench"]
 
@@ -49,13 +50,13 @@ class LearnerBenchConfig(SaraModel):
     """A prepared model name or a local HF model directory (the trained policy, float32 weights)."""
     task: str = "sara/Arithmetic-v0:max_digits=1,ops=+,pool_size=60,eval_size=37,shots=3"
     """Task spec whose first ``groups`` prompts are trained on (default: 3-shot 1-digit sums)."""
-    groups: int = Field(8, ge=1)
+    groups: int = Field(8, ge=1, le=MAX_BATCH)
     """Prompts in the batch."""
-    k: int = Field(8, ge=1)
+    k: int = Field(8, ge=1, le=MAX_GROUP)
     """Completions per prompt."""
-    max_new_tokens: int = Field(6, ge=1)
+    max_new_tokens: int = Field(6, ge=1, le=MAX_TOKENS)
     """Generation cap of the completions."""
-    reps: int = Field(3, ge=1)
+    reps: int = Field(3, ge=1, le=MAX_SEEDS)
     """Timed updates per path (interleaved, after one untimed warm-up of each)."""
     compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The shipped path's ``HFPolicyConfig.compute_dtype`` (``auto``: bfloat16 where this CPU has it natively)."""
@@ -65,7 +66,7 @@ class LearnerBenchConfig(SaraModel):
     """Algorithm spec of both paths."""
     lr: float = Field(3e-5, gt=0)
     """AdamW learning rate of both paths."""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of the completions."""
     matmul_size: int = Field(2048, ge=64)
     """Side of the square matmuls that measure the machine's rate."""

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from sara.config import SaraModel
+from sara.commands.counts import MAX_POOL
+from sara.config import MAX_SEED, SaraModel
 
 __all__ = ["PopulationBenchConfig", "format_table", "run_population_bench"]
 
@@ -34,11 +35,11 @@ class PopulationBenchConfig(SaraModel):
     """A ``sara train`` config file (YAML/JSON); None = the embedded default. Ignored with ``checkpoint``."""
     checkpoint: str | None = None
     """A checkpoint written by ``sara train``: its policy (and its config) instead of the starting one."""
-    prompts: int = Field(300, ge=1)
+    prompts: int = Field(300, ge=1, le=MAX_POOL)
     """Pool prompts whose success rate is estimated (at most the pool)."""
     samples: int = Field(16, ge=2, le=1024)
     """Seeded rollouts per prompt."""
-    seed: int = Field(1, ge=0)
+    seed: int = Field(1, ge=0, le=MAX_SEED)
     """Seed of the prompt draw and the rollouts."""
 
 

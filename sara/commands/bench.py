@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sara.commands.counts import check_counts
 from sara.commands.names import bench_allocation_out
 from sara.commands.output import Ticker, claim_dir, kv_table, progress, write_report
 from sara.config import validate_config
@@ -130,6 +131,7 @@ def _allocation(args: argparse.Namespace) -> int:
 def _decisions(args: argparse.Namespace) -> int:
     from sara.bench.decisions import run_decision_bench
 
+    check_counts("bench decisions", args, ("units", "rounds", "k"))
     with Ticker("bench decisions"):
         res = run_decision_bench(units=args.units, rounds=args.rounds, k=args.k, spec=args.allocator)
     print(kv_table(res))
@@ -141,9 +143,7 @@ def _soak(args: argparse.Namespace) -> int:
     from sara.bench.soak import soak
     from sara.config import ConfigError
 
-    for name in ("steps", "k", "pool_size"):
-        if getattr(args, name) < (2 if name == "k" else 1):
-            raise ConfigError(f"bench soak: field '{name}': {getattr(args, name)} is too small")
+    check_counts("bench soak", args, ("steps", "k", "pool_size", "seed"))
     if not 0.0 <= args.fault_rate < 1.0:
         raise ConfigError(f"bench soak: field 'fault_rate': {args.fault_rate}; give a share in [0, 1)")
     try:

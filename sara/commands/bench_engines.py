@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sara.commands.counts import MAX_WORKERS, check_counts
 from sara.commands.output import Ticker, kv_table, write_report
 from sara.config import ConfigError, validate_config
 
@@ -184,11 +185,10 @@ def _ray_scaling(args: argparse.Namespace) -> int:
         workers = tuple(int(w) for w in args.workers.split(","))
     except ValueError:
         workers = ()
-    if not workers or min(workers) < 1:
-        raise ConfigError(f"bench ray scaling: field 'workers': {args.workers!r}; give worker counts, e.g. 1,2")
-    for name in ("steps", "target", "k", "pool_size"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"bench ray scaling: field '{name}': must be >= 1 (got {getattr(args, name)})")
+    if not workers or min(workers) < 1 or max(workers) > MAX_WORKERS:
+        raise ConfigError(f"bench ray scaling: field 'workers': {args.workers!r}; give worker counts in [1, "
+                          f"{MAX_WORKERS}], e.g. 1,2")
+    check_counts("bench ray scaling", args, ("steps", "target", "k", "pool_size"))
     with Ticker("bench ray scaling"):
         report = ray_scaling(workers, seconds_per_token=args.seconds_per_token, steps=args.steps, target=args.target,
                              k=args.k, pool_size=args.pool_size)
@@ -200,9 +200,7 @@ def _ray_scaling(args: argparse.Namespace) -> int:
 def _ray_stream(args: argparse.Namespace) -> int:
     from sara.bench.ray import ray_stream
 
-    for name in ("workers", "slots", "completions", "max_tokens"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"bench ray stream: field '{name}': must be >= 1 (got {getattr(args, name)})")
+    check_counts("bench ray stream", args, ("workers", "slots", "completions", "max_tokens"))
     with Ticker("bench ray stream"):
         report = ray_stream(workers=args.workers, slots=args.slots, completions=args.completions,
                             tick_s=args.tick_s, max_tokens=args.max_tokens)

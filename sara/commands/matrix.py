@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sara.commands.counts import MAX_RUNS, check_counts
 from sara.commands.names import matrix_out
 from sara.commands.output import Ticker, claim_dir, remove_entries, write_report
 from sara.experiments.matrix import parse_cells, run_matrix
@@ -111,13 +112,13 @@ def run(args: argparse.Namespace) -> int:
     from sara.config import ConfigError
     from sara.train import apply_overrides, load_config
 
-    for field in ("steps", "seeds", "workers"):
-        value = getattr(args, field)
-        if value is not None and value < 1:
-            raise ConfigError(f"matrix: field '{field}': must be >= 1 (got {value})")
+    check_counts("matrix", args, ("steps", "seeds", "workers"))
     if args.target_acc is not None and not 0.0 <= args.target_acc <= 1.0:
         raise ConfigError(f"matrix: field 'target_acc': must be an accuracy in [0, 1] (got {args.target_acc})")
     cells = parse_cells(args.algos, args.allocators)
+    if len(cells) * args.seeds > MAX_RUNS:
+        raise ConfigError(f"matrix: {len(cells)} cells x {args.seeds} seeds = {len(cells) * args.seeds:,} runs, more "
+                          f"than {MAX_RUNS:,}; give fewer --algos, --allocators or --seeds")
     reference = args.reference.strip()
     if not reference or ";" in reference:
         raise ConfigError(f"matrix: field 'reference': one ALLOCATOR[@SAMPLER] spec, e.g. ds (got {reference!r})")

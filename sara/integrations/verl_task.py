@@ -3,7 +3,9 @@ verifier as verl's custom reward function.
 
     python -m sara.integrations.verl_task my_module:make_task --out ~/data/my_task
 
-writes ``train.parquet`` (``Task.prompts``) and ``test.parquet`` (``Task.eval_prompts``). Each row is
+writes ``train.parquet`` (``Task.prompts``) and ``test.parquet`` (``Task.eval_prompts``); bad input (an unknown task,
+a ``--limit`` below 1, an ``--out`` that cannot be written, a task without prompts) is one line, ``sara: error: ...``,
+exit status 2, as for ``sara``. Each row is
 ``data_source`` = ``"sara:" + the task spec``, ``prompt`` = the chat messages the task renders (a raw-text task's
 prompt becomes one user message), ``reward_model.ground_truth`` = the prompt's answer fields as JSON and
 ``extra_info.index`` = the prompt's position in its split (sara's pool index, so per-prompt priors follow the prompt).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,11 +49,14 @@ def task_rows(spec: str, split: str = "train", *, limit: int | None = None) -> l
         limit: At most this many rows (the first ones), or all.
 
     Raises:
-        ConfigError: ``make_task`` cannot build the task.
-        ValueError: A prompt's answer fields are not JSON-serializable.
+        ConfigError: ``make_task`` cannot build the task, ``limit`` is not a whole number >= 1, or a prompt's answer
+            fields are not JSON-serializable.
     """
+    from sara.config import ConfigError
     from sara.envs.tasks import make_task
 
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"verl_task: field 'limit': give a whole number of rows >= 1, or None for all (got {limit!r})")
     task = make_task(spec)
     prompts = task.split(split)[:limit]
     rows = []
@@ -60,7 +66,7 @@ def task_rows(spec: str, split: str = "train", *, limit: int | None = None) -> l
         try:
             truth = json.dumps(dict(p.answer), sort_keys=True)
         except TypeError as exc:
-            raise ValueError(f"task {spec!r}: prompt {p.id!r}: answer fields must be JSON values ({exc})") from None
+            raise ConfigError(f"task {spec!r}: prompt {p.id!r}: answer fields must be JSON values ({exc})") from None
         rows.append({"data_source": DATA_SOURCE_PREFIX + spec, "prompt": messages, "ability": "sara",
                      "reward_model": {"style": "rule", "ground_truth": truth},
                      "extra_info": {"split": split, "index": i, "prompt_id": str(p.id)}})
@@ -69,17 +75,30 @@ def task_rows(spec: str, split: str = "train", *, limit: int | None = None) -> l
 
 def write_parquet(spec: str, out_dir: str | Path, *, limit: int | None = None) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet`` of the task ``spec`` into ``out_dir`` (created); returns
-    ``{split: path}``. A task without held-out prompts writes no ``test.parquet``."""
+    ``{split: path}``. A task without held-out prompts writes no ``test.parquet``.
+
+    Raises:
+        ConfigError: as ``task_rows``; the task has no prompts at all; ``out_dir`` or a file in it cannot be written
+            (naming the path and why).
+    """
     import pandas as pd
 
+    from sara.config import ConfigError
+
+    rows = {split: task_rows(spec, split, limit=limit) for split, _ in SPLITS}
+    if not any(rows.values()):
+        raise ConfigError(f"task {spec!r} has no prompts to write")
     out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split, stem in SPLITS:
-        rows = task_rows(spec, split, limit=limit)
-        if rows:
-            paths[split] = out / f"{stem}.parquet"
-            pd.DataFrame(rows).to_parquet(paths[split])
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for split, stem in SPLITS:
+            if rows[split]:
+                paths[split] = out / f"{stem}.parquet"
+                pd.DataFrame(rows[split]).to_parquet(paths[split])
+    except OSError as exc:
+        raise ConfigError(f"--out {str(out)!r} cannot be written: {exc.strerror or exc}; give a writable "
+                          "directory") from None
     return paths
 
 
@@ -126,9 +145,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description="Write a sara task's prompts as verl's train.parquet / test.parquet.")
     ap.add_argument("task", help="task spec: a registered id with options or module:factory")
     ap.add_argument("--out", required=True, help="directory of the parquet files (created)")
-    ap.add_argument("--limit", type=int, default=None, help="at most this many rows per split")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many rows per split (>= 1)")
     args = ap.parse_args(argv)
-    for split, path in write_parquet(args.task, args.out, limit=args.limit).items():
+    from sara.cli import MAX_ERROR_CHARS
+    from sara.config import SaraError
+    from sara.registry import clip
+
+    try:
+        paths = write_parquet(args.task, args.out, limit=args.limit)
+    except SaraError as exc:
+        print(f"sara: error: {clip(str(exc), MAX_ERROR_CHARS)}", file=sys.stderr)
+        return 2
+    for split, path in paths.items():
         print(f"{split}: {path}")
     return 0
 
