@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--target-groups", type=int, default=2, help="committed groups per SARA collect step")
     ap.add_argument("--batch-size", type=int, default=8, help="rollout samples per optimizer step")
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--gen-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="generating copy's dtype (auto: bfloat16 where this CPU has it natively, else float32)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/trl_async_grpo")

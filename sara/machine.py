@@ -109,11 +109,11 @@ class DtypeChoice:
         return f"{what}: {self.name} ({self.reason})"
 
 
-def weights_choice(module: object, choice: DtypeChoice, other: str) -> DtypeChoice:
-    """What a torch ``module`` computes in: ``choice`` when its weights are in that dtype, else their own dtype with
-    the reason ``other`` (a module handed in as it is)."""
+def weights_choice(module: object, choice: DtypeChoice | None, other: str) -> DtypeChoice:
+    """What a torch ``module`` computes in: ``choice`` when its weights are in that dtype, else (or with no
+    ``choice``) their own dtype with the reason ``other`` (a module handed in as it is)."""
     actual = str(next(module.parameters()).dtype).removeprefix("torch.")  # type: ignore[attr-defined]
-    return choice if actual == choice.name else DtypeChoice(actual, other)  # type: ignore[arg-type]
+    return choice if choice is not None and actual == choice.name else DtypeChoice(actual, other)  # type: ignore[arg-type]
 
 
 _WARNED: set[str] = set()

@@ -114,8 +114,8 @@ class HFBackend:
         self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFBackendConfig,
                                                                    what="backend 'hf'")
         model, tokenizer = self.model, self.tokenizer
-        self.compute = weights_choice(model, self.config.dtype_choice(), "the policy's own module (share_policy)"
-                                      if self.config.share_policy else "the given module's weights")
+        self.compute = weights_choice(model, None, "the policy's own module (share_policy)") if self.config.share_policy \
+            else weights_choice(model, self.config.dtype_choice(), "the given module's weights")
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
         self.pad_id = int(pad)
