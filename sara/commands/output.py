@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sara.config import ConfigError
-from sara.train.rundir import RunLock, retire
+from sara.train.rundir import RETIRED, RunLock, retire
 
 __all__ = ["kv_table", "fmt_value", "check_report_path", "write_report", "claim_dir", "remove_entries", "Ticker",
            "progress"]
@@ -143,7 +143,8 @@ def claim_dir(path: str | Path, *, overwrite: bool, marker: str, what: str, repl
         The held lock (``.directory`` is ``path``); release it, or hand it to the ``Trainer``, when the run ends.
     """
     out = Path(path)
-    if resume and not (out / marker).exists():  # before the lock, which would create the directory
+    if resume and not (out / marker).exists() and not (out / RETIRED).is_dir():  # before the lock, which would
+        # create the directory (an unfinished retirement is finished by the lock, below)
         raise ConfigError(f"{what}: --resume: {out} holds no run to continue (no {marker}); drop --resume to start "
                           "one there")
     lock = RunLock(out, field=field, what=config or what, own=replace)

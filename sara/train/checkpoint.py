@@ -152,8 +152,8 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 def resume_checkpoint(directory: str | Path, check: Callable[[Path, dict[str, Any]], None] | None = None
                       ) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
     """The newest checkpoint that verifies, loads and passes ``check``: ``(path, state, skipped)``, ``skipped``
-    holding one message per newer checkpoint that did not (each names the file and why). ``(None, None, [])`` when
-    there is none at all.
+    holding one message per newer checkpoint that did not (each names the file and why). ``(None, None, skipped)``
+    when there is none at all, or only checkpoints without their completion marker (writes that never finished).
 
     Args:
         directory: The checkpoint directory.
@@ -161,9 +161,10 @@ def resume_checkpoint(directory: str | Path, check: Callable[[Path, dict[str, An
             propagates: e.g. a ``ConfigError`` for a run that changed its configuration).
 
     Raises:
-        CheckpointError: checkpoints exist but none of them loads (the message lists each and why).
+        CheckpointError: complete checkpoints exist but none of them loads (the message lists each and why).
     """
     skipped: list[str] = []
+    refused = False  # a checkpoint with its completion marker failed (one without is a write that never finished)
     for path in list_checkpoints(directory):
         try:
             state = load_checkpoint(path)
@@ -172,7 +173,8 @@ def resume_checkpoint(directory: str | Path, check: Callable[[Path, dict[str, An
             return path, state, skipped
         except CheckpointError as exc:
             skipped.append(str(exc))
-    if skipped:
+            refused = refused or marker_path(path).is_file()
+    if refused:
         raise CheckpointError(f"no usable checkpoint in {directory}: " + "; ".join(skipped)
                               + ". Remove them or start a fresh run without --resume")
     return None, None, []

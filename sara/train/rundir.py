@@ -39,7 +39,7 @@ from sara.config import ConfigError, SaraError
 from sara.storage import LogMismatch, atomic_write, fsync_dir, open_nofollow, write_point
 
 __all__ = ["LOCK_NAME", "RETIRED", "RUN_FILES", "RUN_MARKER", "NothingToResume", "RunLock", "RunWriteError",
-           "checkpoint_failed", "finish_retirement", "refuse_empty_resume", "refuse_links", "releases_run_lock", "retire",
+           "checkpoint_failed", "drop_temp_files", "finish_retirement", "refuse_empty_resume", "refuse_links", "releases_run_lock", "retire",
            "run_writes", "take_run_lock", "write_failed"]
 
 LOCK_NAME = ".sara.lock"
@@ -66,8 +66,9 @@ class RunLock:
         ConfigError: the directory cannot be created or written (naming the field and the OS error), another run
             holds it (naming its pid), or a symbolic link is among ``own`` (or is the lock file).
 
-    Once the lock is held, a retirement a killed ``--overwrite`` left unfinished is finished (``finish_retirement``)
-    and the entries ``own`` (names relative to ``directory``) are checked for links (``refuse_links``).
+    Once the lock is held, a retirement a killed ``--overwrite`` left unfinished is finished (``finish_retirement``),
+    the entries ``own`` (names relative to ``directory``) are checked for links (``refuse_links``) and the temp files
+    of killed writes among them are deleted (``drop_temp_files``).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, field: str = "out_dir", what: str = "train config",
@@ -114,6 +115,7 @@ class RunLock:
         try:
             finish_retirement(self.directory, where=where)
             refuse_links(self.directory, own, where=where)
+            drop_temp_files(self.directory, own)
         except BaseException:
             self.release()
             raise
@@ -163,19 +165,20 @@ def take_run_lock(directory: str | os.PathLike[str], held: RunLock | None = None
 
 
 def refuse_empty_resume(directory: str | os.PathLike[str]) -> None:
-    """Stop a ``--resume`` of a ``directory`` that holds a run but no checkpoint, before anything is built or
-    written (checkpoints that exist but cannot be used are refused by ``sara.train.checkpoint.resume_checkpoint``).
+    """Stop a ``--resume`` of a ``directory`` that holds a run but no complete checkpoint (one with its completion
+    marker), before anything is built or written (complete checkpoints that cannot be used are refused by
+    ``sara.train.checkpoint.resume_checkpoint``).
 
     Raises:
         NothingToResume: naming the directory and the ways out.
     """
-    from sara.train.checkpoint import list_checkpoints
+    from sara.train.checkpoint import latest_checkpoint
 
     directory = Path(directory)
-    if (directory / RUN_MARKER).exists() and not list_checkpoints(directory / "checkpoints"):
+    if (directory / RUN_MARKER).exists() and latest_checkpoint(directory / "checkpoints") is None:
         raise NothingToResume(f"--resume: {directory} holds a run but it has no checkpoint (checkpoint_every is 0, "
-                              "or it stopped before its first); its files are kept. Pass --overwrite to start it "
-                              "over, or --out DIR for a new run")
+                              "or it stopped before its first was complete); its files are kept. Pass --overwrite "
+                              "to start it over, or --out DIR for a new run")
 
 
 def releases_run_lock(init: F) -> F:
@@ -215,6 +218,20 @@ def refuse_links(directory: str | os.PathLike[str], names: Sequence[str], *, whe
         if found is not None:
             raise ConfigError(f"{where}: {found} is a symbolic link; a run directory's files are its own and are "
                               "never written through a link: remove it, or give another --out")
+
+
+def drop_temp_files(directory: str | os.PathLike[str], names: Sequence[str]) -> None:
+    """Delete the temp files that writes killed before their rename left (``sara.storage.atomic_write``:
+    ``.<name>.*.tmp``) beside the entries ``names`` of ``directory`` and directly inside those that are directories.
+    Hold the run lock."""
+    root = Path(directory)
+    for name in names:
+        stray = [*root.glob(f".{name}.*.tmp")]
+        if (root / name).is_dir() and not (root / name).is_symlink():
+            stray += (root / name).glob(".*.tmp")
+        for path in stray:
+            if path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
 
 
 def retire(directory: str | os.PathLike[str], names: Sequence[str]) -> None:

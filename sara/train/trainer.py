@@ -345,14 +345,13 @@ class Trainer:
         self.release_carry()  # carried work is engine state, not checkpointed (a mid-carry save drops it)
         directory = self.out_dir / "checkpoints"
         path = ck.checkpoint_path(directory, self.step)
-        if self._saved_step == self.step and path.is_file():
-            return path
-        try:
-            ck.save_checkpoint(self.state_dict(), path)
-        except OSError as exc:
-            print(f"sara: warning: {checkpoint_failed(path, exc)}", file=sys.stderr, flush=True)
-            return None
-        self._saved_step, self.last_checkpoint = self.step, path
+        if self._saved_step != self.step or not path.is_file():  # saved (or resumed from): pruned again only
+            try:
+                ck.save_checkpoint(self.state_dict(), path)
+            except OSError as exc:
+                print(f"sara: warning: {checkpoint_failed(path, exc)}", file=sys.stderr, flush=True)
+                return None
+            self._saved_step, self.last_checkpoint = self.step, path
         ck.prune_checkpoints(directory, self.config.keep_checkpoints, current=path)
         return path
 
