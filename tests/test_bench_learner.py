@@ -74,3 +74,30 @@ def test_a_config_whose_policy_is_not_hf_is_refused(tmp_path, capsys):
     assert main(["bench", "learner", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "policy: hf" in err[0]
+
+
+def test_the_matmul_rate_fits_its_time_budget(monkeypatch):
+    """A slow dtype is measured on smaller matrices: the side grows only while ``reps + 1`` calls fit the budget."""
+    import torch
+
+    import sara.bench.learner as bench
+
+    sides: list[int] = []
+    real_randn = torch.randn
+
+    def randn(n, m, generator=None):
+        sides.append(n)
+        return real_randn(n, m, generator=generator)
+
+    clock = iter(float(t) for t in range(10_000))  # every call of the clock moves it by one second
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(torch, "randn", randn)
+    # The probe's call "takes" 1 s at 256: 2 * 256^3 FLOP/s; 512 would need (3 + 1) * 8 s > 20 s, so it stays at 256.
+    assert bench.matmul_gflops(2048, torch.float32, reps=3, max_seconds=20.0) == pytest.approx(2 * 256**3 / 1e9)
+    assert max(sides) == 256
+    sides.clear()  # a budget of 40 s lets it double once (4 calls x 8 s), never past the cap
+    bench.matmul_gflops(2048, torch.float32, reps=3, max_seconds=40.0)
+    assert max(sides) == 512
+    sides.clear()
+    bench.matmul_gflops(300, torch.float32, reps=3, max_seconds=1e9)
+    assert max(sides) == 256  # at most `size` (a power-of-two multiple of 256 within it)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from sara.backends.hf_cache import with_spare
 from sara.backends.sampling import sample_tokens
 from sara.backends.text import encode_prompt, eos_ids, find_stop
 from sara.backends.text import render_chat as _render_chat
@@ -205,8 +206,8 @@ class HFBackend:
         for r in rows:
             uniq.setdefault(r.request, len(uniq))
         prompt_of = {r.request: r.prompt_ids for r in rows}
-        plist = [prompt_of[q] for q in uniq]
-        logits, cache, mask = self._prefill(plist)
+        logits, cache, mask = self._prefill(plist := [prompt_of[q] for q in uniq])
+        cache = with_spare(cache, max(r.cap for r in rows))  # decode writes in place, never a torch.cat per token
         sel = torch.tensor([uniq[r.request] for r in rows], dtype=torch.long, device=dev)
         logits = logits.index_select(0, sel)
         if len(plist) != len(rows) or not torch.equal(sel, torch.arange(len(rows), device=dev)):

@@ -18,8 +18,9 @@ config (its model, task, groups per step, ``k``, generation cap, compute dtype, 
 learning rate and seed), so the bench measures the update that run makes.
 
 Seconds of a path are the median over reps of one whole update (forwards, backward, optimizer step); ``speedup`` is
-naive ÷ shipped median seconds per rollout. The machine's matmul rate is measured in the same run, a ``matmul_size``
-square matmul in float32 and in bfloat16 before every rep (the best of all, ``matmul_gflops``). FLOPs count the
+naive ÷ shipped median seconds per rollout. The machine's matmul rate is measured in the same run, square matmuls of
+up to ``matmul_size`` in float32 and in bfloat16 before every rep (the best of all, ``matmul_gflops``: an emulated
+dtype on smaller matrices, so its rate costs seconds, not minutes). FLOPs count the
 matmuls a path runs (``2 x params`` per position through the decoder's weight matrices, ``2 x V x D`` per position
 through the LM head, the attention scores; a backward is twice its forward). ``needed`` counts only what the shipped
 plan cannot avoid (each micro-batch's shared prefix once, every row's real tokens after it, the LM head at real
@@ -94,20 +95,33 @@ def options_from_train_config(config: Any) -> dict[str, Any]:
             "seed": config.seed}
 
 
-def matmul_gflops(size: int, dtype: Any, *, reps: int = 5) -> float:
-    """Best GFLOP/s of ``size x size`` matmuls in ``dtype`` over ``reps`` timed calls."""
+def matmul_gflops(size: int, dtype: Any, *, reps: int = 5, max_seconds: float = 2.0) -> float:
+    """Best GFLOP/s of square matmuls in ``dtype`` over ``reps`` timed calls, at most ``size x size``.
+
+    A 256 x 256 probe first estimates the rate; the side is then the largest power-of-two multiple of 256 (up to
+    ``size``) whose ``reps + 1`` calls fit in ``max_seconds``, so a dtype the CPU only emulates (bfloat16 without
+    AVX512-BF16 or AMX multiplies many times slower) is measured on smaller matrices instead of waited for.
+    """
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=gen).to(dtype)
-    b = torch.randn(size, size, generator=gen).to(dtype)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * size**3 / best / 1e9
+
+    def best_of(n: int, calls: int) -> float:
+        a = torch.randn(n, n, generator=gen).to(dtype)
+        b = torch.randn(n, n, generator=gen).to(dtype)
+        a @ b  # warm-up
+        best = float("inf")
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        return max(best, 1e-9)
+
+    n = min(256, size)
+    rate = 2.0 * n**3 / best_of(n, 1)  # FLOP/s
+    while n * 2 <= size and (reps + 1) * 2.0 * (n * 2) ** 3 / rate <= max_seconds:
+        n *= 2
+    return 2.0 * n**3 / best_of(n, reps) / 1e9
 
 
 def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""``sara.backends.hf_cache``: decode steps write into spare positions in place (no ``torch.cat`` copy of the cache
+per token), and a model decoding through ``SpareLayer``s computes exactly what it computes through a
+``DynamicCache``, across batch reorders (rows finishing) and past the reserved room."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def _decode(model, cache_fn, *, steps=9, spare=4):
+    """Prefill 3 left-padded prompts, then decode greedily ``steps`` tokens, dropping row 1 after step 3; return every
+    step's logits and the cache."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12], [0, 13, 14, 15, 16]])
+    mask = (torch.arange(5)[None] >= torch.tensor([[2], [0], [1]])).long()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+    cache = cache_fn(out.past_key_values, spare)
+    logits, seen = out.logits[:, -1], []
+    nxt = mask.sum(-1, keepdim=True)
+    for t in range(steps):
+        tok = logits.argmax(-1, keepdim=True)
+        if t == 3:  # row 1 finishes: the batch shrinks
+            keep = torch.tensor([0, 2])
+            cache.reorder_cache(keep)
+            tok, mask, nxt = tok[keep], mask[keep], nxt[keep]
+        mask = torch.cat([mask, torch.ones(len(mask), 1, dtype=mask.dtype)], 1)
+        out = model(input_ids=tok, attention_mask=mask, position_ids=nxt, past_key_values=cache, use_cache=True)
+        logits, nxt = out.logits[:, -1], nxt + 1
+        seen.append(logits)
+    return seen, cache
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_spare_layers_decode_exactly_as_dynamic_ones(tiny_model_dir, dtype):
+    from transformers import AutoModelForCausalLM
+
+    from sara.backends.hf_cache import SpareLayer, with_spare
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=getattr(torch, dtype)).eval()
+    with torch.inference_mode():
+        plain, _ = _decode(model, lambda c, spare: c)
+        spared, cache = _decode(model, with_spare, spare=4)  # 9 steps: the room of 4 runs out and grows
+    assert all(isinstance(layer, SpareLayer) for layer in cache.layers)
+    assert cache.get_seq_length() == 5 + 9
+    for a, b in zip(plain, spared):
+        assert torch.equal(a, b)
+
+
+def test_a_step_within_the_room_writes_in_place(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from sara.backends.hf_cache import with_spare
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.inference_mode():
+        ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+        cache = with_spare(model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True).past_key_values, 8)
+        layer = cache.layers[0]
+        buffers = layer._bk.data_ptr(), layer._bv.data_ptr()
+        for t in range(8):
+            model(input_ids=torch.tensor([[1], [2]]), position_ids=torch.tensor([[3 + t], [3 + t]]),
+                  past_key_values=cache, use_cache=True)
+            assert (layer._bk.data_ptr(), layer._bv.data_ptr()) == buffers  # no copy of the cache this step
+        assert layer.keys.shape[-2] == 11
+        model(input_ids=torch.tensor([[1], [2]]), position_ids=torch.tensor([[11], [11]]), past_key_values=cache,
+              use_cache=True)  # past the room: grown once, by more than one position
+        assert layer._bk.data_ptr() != buffers[0] and layer._bk.shape[-2] > 12 and layer.keys.shape[-2] == 12
+        cache.reorder_cache(torch.tensor([1]))  # rows dropped, the room kept
+        assert layer.keys.shape[:3] == (1, layer._bk.shape[1], 12) and layer._bk.shape[-2] > 12
+
+
+def test_assigned_tensors_are_adopted_not_written(tiny_model_dir):
+    from sara.backends.hf_cache import SpareLayer
+
+    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    layer = SpareLayer(keys, values, spare=2)
+    outside = torch.randn(2, 1, 5, 4)
+    layer.keys, layer.values = outside, outside.clone()  # what the streaming loop does when it joins caches
+    before = outside.clone()
+    k, _ = layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
+    assert torch.equal(outside, before) and k.shape[-2] == 6 and torch.equal(k[..., :5, :], before)
