@@ -18,7 +18,8 @@ the batch around it (up to last-bit logit noise with the batch shape, as for ``g
 tests' model, see ``tests/test_backend_hf_stream.py``). No wall-clock enters: the same sequence of calls gives the same
 results.
 
-Weights: ``update_weights`` between polls takes effect at the next forward. A completion then in flight keeps the KV
+Weights: ``update_weights`` between polls, or from the backend's ``between_steps`` hook before any step of a poll,
+takes effect at the next forward. A completion then in flight keeps the KV
 its earlier tokens computed; its ``policy_version`` is the version whose forward produced the logits of its first
 token. Drivers that need single-version completions abort or drain in-flight work before updating.
 """
@@ -109,6 +110,7 @@ class HFStreamEngine:
         model.eval()
         try:
             while not self.done and (self.queue or self.rows):
+                self.backend._between_steps()  # SteppedEngine: a weight sync may cut in before the step
                 self._step()
         finally:
             if was_training:

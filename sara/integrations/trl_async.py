@@ -16,11 +16,13 @@ TRL's ``RolloutWorkerProtocol``:
   of its group (a rollout's ``policy_version``: carried rollouts are older), so TRL's ``max_staleness`` drop is
   conservative.
 
-``worker.weight_transfer()`` is the matching ``WeightTransferProtocol``: ``pause`` waits for the round (or the
-streaming poll) in flight, ``send_weights`` loads the trainer's parameters into the backend
-(``backend.update_weights(state, version)``) and ``resume`` lets generation go on; a streaming engine keeps its
-running rollouts through the update (their later tokens come from the new weights). TRL's own vLLM-server path (NCCL weight transfer to ``trl vllm-serve``) is not
-used: it needs CUDA, and this integration is tested on CPU.
+``worker.weight_transfer()`` is the matching ``WeightTransferProtocol`` (``sara.integrations.trl_sync``): ``pause``
+takes the worker's weights gate, ``send_weights`` loads the trainer's parameters into the backend
+(``backend.update_weights(state, version)``) and ``resume`` lets generation go on. On a backend that generates in
+decode steps (``SteppedEngine``: the HF backend) a sync cuts in at the next decode step of the round or streaming
+poll in flight; the rows in flight keep their tokens and go on with the new weights, as TRL's vLLM path does
+(``pause(mode="keep")``). TRL's own vLLM-server path (NCCL weight transfer to ``trl vllm-serve``) is not used: it needs
+CUDA, and this integration is tested on CPU.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +40,8 @@ from sara.algos import ADVANTAGES, AdvantageInputs
 from sara.allocators import BudgetAllocator, make_allocator
 from sara.config import ConfigError, validate_config
 from sara.driver import DriverConfig, collect, release_carry
-from sara.envs.base import EnvWrapper, StreamingEnv, Versioned
+from sara.envs.base import EnvWrapper, SteppedEngine, StreamingEnv, Versioned
+from sara.integrations.trl_sync import BackendWeightTransfer, WeightsGate
 from sara.metrics import OutcomeCounts, ds_estimate_applies
 from sara.samplers import make_sampler
 from sara.types import CollectResult, Group, Rollout, RolloutRequest
@@ -95,7 +98,7 @@ def _sample(cls: Any, group: Group, r: Rollout, adv: float, gid: int, version: i
 
 
 class _VersionedEnv(EnvWrapper):
-    """The worker's view of its env: every engine call (a round, a streaming submit / poll) under the weights lock,
+    """The worker's view of its env: every engine call (a round, a streaming submit / poll) under the weights gate,
     after checking the backend holds the announced version."""
 
     def __init__(self, worker: SaraRolloutWorker) -> None:
@@ -104,7 +107,7 @@ class _VersionedEnv(EnvWrapper):
 
     def _locked(self, call: Any, *args: Any) -> Any:
         w = self.worker
-        with w._weights_lock:
+        with w.gate.generating():
             if w._stop.is_set():
                 raise _Stopped
             version = w.backend_version
@@ -179,8 +182,8 @@ class SaraRolloutWorker:
         self.pushed_groups: dict[int, int] = {}  # trainer-wide group id -> group size
         self.steps = 0
         self._next_gid = 0
-        self._weights_lock = threading.Lock()
         self._stop = threading.Event()
+        self.gate = WeightsGate(self._stop.is_set, _Stopped)  # weight syncs and evaluations cut in through it
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._heartbeat = time.monotonic()
@@ -221,6 +224,9 @@ class SaraRolloutWorker:
         self._stop.clear()
         self._heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="sara-rollout-worker", daemon=True)
+        self.gate.generator = self._thread
+        if isinstance(self.backend, SteppedEngine):
+            self.backend.between_steps = self.gate.between_steps  # a sync cuts in between decode steps
         self._thread.start()
 
     def stop(self) -> None:
@@ -229,7 +235,9 @@ class SaraRolloutWorker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=600)
-        self._thread = None
+        self._thread = self.gate.generator = None
+        if isinstance(self.backend, SteppedEngine) and self.backend.between_steps == self.gate.between_steps:
+            self.backend.between_steps = None
         if self._carry is not None:
             release_carry(self.env, self._carry)
             self._carry = None
@@ -268,7 +276,8 @@ class SaraRolloutWorker:
 
     def evaluate(self, eval_env: Any, *, num_prompts: int = 100, samples: int = 2, seed: int = 0) -> dict[str, float]:
         """Held-out accuracy of the backend's current weights (``sara.train.evaluate.held_out_accuracy``: fixed seeds,
-        so two calls compare), taken between the worker's engine calls: the worker waits meanwhile.
+        so two calls compare), taken through the weights gate like a sync (at the worker's next decode step on a
+        ``SteppedEngine``): the worker waits meanwhile.
 
         Args:
             eval_env: A ``RolloutEnv`` over held-out prompts on this worker's backend
@@ -287,9 +296,12 @@ class SaraRolloutWorker:
 
         config = SimpleNamespace(seed=seed, eval=EvalConfig(num_prompts=num_prompts, samples=samples, greedy=False,
                                                             by=None))
-        with self._weights_lock:
+        self.gate.hold()
+        try:
             out = held_out_accuracy(config, eval_env)
             out["eval/weights_version"] = float(self.backend_version)
+        finally:
+            self.gate.release()
         return out
 
     # -------------------------------------------------------------------------------------------- output
@@ -352,37 +364,3 @@ class SaraRolloutWorker:
             **({"sara/ds_rollouts_estimate": ds, "sara/rollouts_saved_vs_ds": ds - self.totals["rollouts"]}
                if ds_estimate_applies(self.sampler) else {}),  # a selective sampler's draws undercount DS
         }
-
-
-class BackendWeightTransfer:
-    """TRL ``WeightTransferProtocol`` into a ``SaraRolloutWorker``'s backend (``backend.update_weights``).
-
-    The version loaded is the one the trainer announces right after the transfer (its ``model_version + 1``); the
-    worker's ``update_model_version`` checks it.
-    """
-
-    def __init__(self, worker: SaraRolloutWorker) -> None:
-        self.worker = worker
-        self._held = False
-
-    def init_weight_transfer(self) -> None:
-        pass
-
-    def pause(self) -> None:
-        """Wait for the round in flight, then hold rounds until ``resume``."""
-        if not self._held:
-            self.worker._weights_lock.acquire()
-            self._held = True
-
-    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
-        w = self.worker
-        state = {name: t.detach() for name, t in iterator}  # the backend copies (and casts) them
-        w.backend.update_weights(state, max(w.backend_version, w.model_version) + 1)
-
-    def resume(self) -> None:
-        if self._held:
-            self._held = False
-            self.worker._weights_lock.release()
-
-    def destroy(self) -> None:
-        self.resume()
