@@ -117,13 +117,15 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     directory.
 
     A crash (even SIGKILL) leaves the previous ``path`` intact plus, at worst, a stray ``.<name>.*.tmp`` file; a
-    failed write (``OSError``, e.g. a full disk) leaves the previous ``path`` and removes the temp file. A symbolic
-    link at ``path`` is replaced, never followed (the temp file is created with ``O_EXCL``).
+    failed write leaves the previous ``path``, removes the temp file and raises ``OSError`` with ``filename`` set to
+    ``path`` (e.g. a full disk, whichever call hit it). A symbolic link at ``path`` is replaced, never followed (the
+    temp file is created with ``O_EXCL``).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = ""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
@@ -132,8 +134,12 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
         os.replace(tmp, path)
         write_point("atomic.rename", path)
         fsync_dir(path.parent)
+    except OSError as exc:  # named by the file it was writing (a writer's own error may name none, or the temp file)
+        if exc.filename == str(path):
+            raise
+        raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from exc
     finally:
-        if os.path.lexists(tmp):
+        if tmp and os.path.lexists(tmp):
             os.unlink(tmp)
     return path
 
@@ -328,17 +334,17 @@ class AppendLog:
 
     def append(self, line: str) -> None:
         """Append ``line`` and a newline. On ``OSError`` (a full disk) the part that was written is cut off again
-        where possible, and the error propagates."""
+        where possible, and the error propagates with ``filename`` set to the log."""
         data = (line + "\n").encode("utf-8")
-        write_point("log.append", self.path)
         done = 0
         try:
+            write_point("log.append", self.path)
             while done < len(data):
                 done += os.write(self._fd, data[done:])
-        except OSError:
+        except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self.bytes)
-            raise
+            raise type(exc)(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
         self._sha.update(data)
         self.bytes += len(data)
 

@@ -85,7 +85,7 @@ def check_report_path(path: str | Path | None, *, flag: str = "--json") -> None:
             os.close(fd)
             os.unlink(probe)
         except OSError as exc:
-            why = f"{parent} is not writable ({exc.strerror or exc})"
+            why = f"no file can be created in {parent} ({exc.strerror or exc})"
     if why:
         raise ConfigError(f"{flag} {str(path)!r} cannot be written: {why}; give a writable file path")
 
