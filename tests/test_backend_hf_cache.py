@@ -84,3 +84,27 @@ def test_assigned_tensors_are_adopted_not_written(tiny_model_dir):
     before = outside.clone()
     k, _ = layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
     assert torch.equal(outside, before) and k.shape[-2] == 6 and torch.equal(k[..., :5, :], before)
+
+
+@pytest.mark.parametrize("keep,size", [([0, 2, 5], 6), ([3, 4], 5), ([0, 1, 2], 3), ([1], 4), ([], 3)])
+def test_fill_from_end_moves_only_rows_past_the_kept_count(keep, size):
+    from sara.backends.hf_cache import fill_from_end
+
+    order = fill_from_end(keep, size)
+    assert sorted(order) == keep  # the kept rows, each once
+    assert all(order[i] == i for i in range(len(keep)) if i in keep)  # a kept row in front stays put
+    assert all(b >= len(keep) for i, b in enumerate(order) if b != i)  # the movers come from behind
+
+
+def test_a_fill_from_end_reorder_copies_moved_rows_in_place():
+    from sara.backends.hf_cache import SpareLayer, fill_from_end
+
+    keys = torch.arange(6 * 2 * 3 * 4, dtype=torch.float32).reshape(6, 2, 3, 4)
+    layer = SpareLayer(keys.clone(), keys.clone(), spare=5)
+    buffer = layer._bk.data_ptr()
+    order = fill_from_end([0, 2, 5], 6)  # rows 1, 3, 4 finish: row 5 moves to slot 1
+    layer.reorder_cache(torch.tensor(order))
+    assert layer._bk.data_ptr() == buffer  # no new buffer
+    assert torch.equal(layer.keys, keys[order]) and torch.equal(layer.values, keys[order])
+    layer.reorder_cache(torch.tensor([2, 1, 0]))  # most rows move: a fresh buffer, the same values
+    assert torch.equal(layer.keys, keys[order][[2, 1, 0]]) and layer._bk.shape[-2] == 8

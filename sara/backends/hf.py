@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from sara.backends.hf_cache import with_spare
+from sara.backends.hf_cache import fill_from_end, with_spare
 from sara.backends.sampling import sample_tokens
 from sara.backends.text import encode_prompt, eos_ids, find_stop
 from sara.backends.text import render_chat as _render_chat
@@ -235,12 +235,12 @@ class HFBackend:
                     keep.append(b)
             if not keep:
                 break
-            live_next = [live[b] for b in keep]
             if len(keep) < len(live):
+                keep = fill_from_end(keep, len(live))  # only the rows that move are copied in the cache
                 kt = torch.tensor(keep, dtype=torch.long, device=dev)
                 cache.reorder_cache(kt)
                 mask, next_pos, tok = mask.index_select(0, kt), next_pos.index_select(0, kt), tok.index_select(0, kt)
-            live = live_next
+            live = [live[b] for b in keep]
             mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
             self._between_steps()
             logits, cache = self._forward(tok.view(-1, 1), mask, next_pos, cache)

@@ -6,7 +6,8 @@ reasoning length (a long few-shot prompt, tens of new tokens, a batch of rows) t
 matmuls. ``SpareLayer`` keeps each layer's keys / values in buffers with room for the tokens still to come and writes
 a step's positions in place; ``keys`` / ``values`` are views of the filled part, so attention reads exactly the tensor
 values ``torch.cat`` would have produced. When the room runs out the buffers grow by a quarter (amortized O(1) copies
-per token); a batch reorder (rows finishing) copies the filled part only and keeps the room.
+per token); a batch reorder (rows finishing) copies the filled part only and keeps the room, and when the decode
+loop orders the rows it keeps with ``fill_from_end`` only the rows that move are copied.
 
 ``with_spare(cache, spare)`` converts a filled ``DynamicCache`` in place before a decode loop; layers of another kind
 (sliding windows, linear attention) are left as they are.
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["SpareLayer", "with_spare"]
+__all__ = ["SpareLayer", "fill_from_end", "with_spare"]
 
 
 class SpareLayer(DynamicLayer):
@@ -120,9 +121,27 @@ def _append(buf: torch.Tensor, filled: int, new: torch.Tensor) -> tuple[torch.Te
 
 
 def _select_rows(buf: torch.Tensor, filled: int, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` of ``buf``: in place when most stay where they are (``fill_from_end``'s orders: copy the moved rows
+    only, then a view of the leading rows), else a fresh buffer."""
+    rows = rows.to(buf.device)
+    moved = (rows != torch.arange(len(rows), device=buf.device)).nonzero().flatten()
+    if len(rows) <= buf.shape[0] and 2 * len(moved) <= len(rows):
+        if len(moved):
+            buf[moved, :, :filled] = buf[rows[moved], :, :filled]  # index (a copy) before the write: no aliasing
+        return buf[: len(rows)]
     out = buf.new_empty((len(rows), *buf.shape[1:]))
-    out[..., :filled, :] = buf[..., :filled, :].index_select(0, rows.to(buf.device))
+    out[..., :filled, :] = buf[..., :filled, :].index_select(0, rows)
     return out
+
+
+def fill_from_end(keep: list[int], size: int) -> list[int]:
+    """A batch order that keeps the rows ``keep`` (ascending positions in a batch of ``size``) and moves as few as
+    it can: a kept row among the first ``len(keep)`` stays; the others fill the freed slots (their new positions are
+    the list's indices), so ``SpareLayer.reorder_cache`` copies the moved rows only."""
+    n = len(keep)
+    stay = set(b for b in keep if b < n)
+    movers = iter(b for b in keep if b >= n)
+    return [b if b in stay else next(movers) for b in range(n)]
 
 
 def with_spare(cache: Any, spare: int) -> Any:
