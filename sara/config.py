@@ -14,13 +14,16 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, 
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
-__all__ = ["MAX_SEED", "MIN_TEMPERATURE", "SaraModel", "SaraError", "ConfigError", "parse_spec", "validate_config"]
+__all__ = ["MAX_SEED", "MAX_STEPS", "MIN_TEMPERATURE", "SaraModel", "SaraError", "ConfigError", "parse_spec", "validate_config"]
 
 M = TypeVar("M", bound=BaseModel)
 
 MAX_SEED = 2**32 - 1
 """Largest seed a config accepts: seeds are mixed into 64-bit integers (``sara.seeding``), with room for the offsets
 added to them (``sara matrix``'s seed + i)."""
+MAX_STEPS = 1_000_000
+"""Most steps a run or a benchmark counts (``TrainConfig.steps``, ``--steps``), and so the most steps between two of
+its checkpoints or evaluations or a streaming carry may span."""
 MIN_TEMPERATURE = 0.01
 """Lowest sampling temperature a config accepts. Below it sampling is greedy in all but name (k identical rollouts, a
 saturated group), vLLM silently samples at this temperature instead (so the learner's log-probs would not be the

@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from sara.allocators.base import BudgetAllocator
-from sara.config import ConfigError, SaraModel, validate_config
+from sara.config import MAX_STEPS, ConfigError, SaraModel, validate_config
 from sara.envs.base import RolloutEnv, StreamingEnv
 from sara.samplers.base import PromptSampler
 from sara.step import CollectObserver, StepState, StreamCarry
@@ -56,19 +56,21 @@ class DriverConfig(SaraModel):
     slots: int | None = Field(None, ge=1, le=65_536)
     """Streaming: rollouts kept in flight at most, at most 65,536 (None = the environment's capacity,
     ``env.slots``)."""
-    carry_lag: int = Field(0, ge=0)
+    carry_lag: int = Field(0, ge=0, le=MAX_STEPS)
     """Streaming: hand open units and their running rollouts to the next step (``CollectResult.carry``) while their
-    oldest rollout will be at most this many steps old when trained on; 0: abort and discard them at the step's end."""
-    lookahead: int | None = Field(None, ge=0)
-    """Streaming with carry-over: groups the allocator works ahead of the target (None = one more step's target)."""
+    oldest rollout will be at most this many steps old when trained on (at most ``MAX_STEPS``); 0: abort and discard
+    them at the step's end."""
+    lookahead: int | None = Field(None, ge=0, le=65_536)
+    """Streaming with carry-over: groups the allocator works ahead of the target, at most 65,536 (None = one more
+    step's target)."""
     complete_groups: bool = False
     """Streaming: when the target is reached, wait until the groups being filled are complete (those young enough to
     be carried are carried instead) rather than committing them with fewer than k rollouts."""
     fill_idle: bool = False
     """Streaming: while groups are still needed, admit a fresh prompt into every idle slot (work-conserving) instead
     of the allocator's admission rule (more probes in flight, fewer idle slots)."""
-    max_rounds: int = Field(1000, ge=1)
-    """Synchronous rounds: stop after this many rounds (status 'max_rounds')."""
+    max_rounds: int = Field(1000, ge=1, le=MAX_STEPS)
+    """Synchronous rounds: stop after this many rounds (status 'max_rounds'), at most ``MAX_STEPS``."""
     max_step_rollouts: int | None = Field(None, ge=1)
     """Both modes: the most rollouts one step may start, a bound against steps where nothing is effective (an
     always-wrong policy under ``ds`` or ``sara`` keeps drawing prompts); when it binds the step stops with status

@@ -77,6 +77,23 @@ def test_bench_counts_are_bounded(tmp_path, run_cli, argv, needles):
     assert not (tmp_path / "r.json").exists()
 
 
+# ------------------------------------------------------------------------------------------ sara train --set
+@pytest.mark.parametrize(("key", "value", "bound"), [
+    ("steps", "2000000", "1000000"), ("checkpoint_every", "2000000", "1000000"),
+    ("keep_checkpoints", "100000", "1000"), ("rollout_budget", "10000000000000", "1000000000000"),
+    ("max_rollouts_per_step", "10000000000000", "1000000000000"), ("optim.epochs", "5000", "1000"),
+    ("optim.warmup_steps", "10000000000", "1000000000"), ("optim.total_optimizer_steps", "10000000000", "1000000000"),
+    ("optim.minibatch_rollouts", "1000000", "131072"), ("optim.microbatch_tokens", "10000000000", "1073741824"),
+    ("eval.every", "2000000", "1000000"), ("driver.carry_lag", "2000000", "1000000"),
+    ("driver.lookahead", "100000", "65536"), ("driver.max_rounds", "2000000", "1000000"),
+])
+def test_train_config_counts_are_bounded(tmp_path, run_cli, key, value, bound):
+    # --print-config: without the bound the command prints the config and exits 0 instead of training for days
+    rc, err = run_cli(["train", "--set", f"{key}={value}", "--out", str(tmp_path / "r"), "--print-config"])
+    _one_line(rc, err, f"field '{key}'", f"less than or equal to {bound}", f"(got {value})")
+    assert not (tmp_path / "r").exists()
+
+
 # ------------------------------------------------------------------------------------------ verl_task
 def _verl_task(capsys, argv: list[str]) -> tuple[int, list[str]]:
     capsys.readouterr()

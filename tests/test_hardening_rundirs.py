@@ -30,6 +30,7 @@ from sara.experiments.matrix_runs import (  # noqa: E402
     run_all,
     save_result,
 )
+from sara.storage import on_write_point  # noqa: E402
 from sara.train import TrainConfig, Trainer  # noqa: E402
 from sara.train.rundir import NothingToResume, RunLock  # noqa: E402
 
@@ -156,6 +157,20 @@ def test_a_result_counts_only_for_its_own_config(tmp_path):
     assert finished_result(cfg) is None
 
 
+DEEP = "[" * 200_000 + "]" * 200_000  # valid JSON nested past the parser's recursion limit
+
+
+def test_a_deeply_nested_result_or_plan_reads_as_damaged(tmp_path):
+    (cfg,) = _cfgs(tmp_path, 1, lr=0.1)
+    Path(cfg["out_dir"]).mkdir(parents=True)
+    (Path(cfg["out_dir"]) / RESULT_NAME).write_text(DEEP)
+    assert finished_result(cfg) is None  # unfinished, as a torn one
+    (tmp_path / PLAN_NAME).write_text(DEEP)
+    with pytest.raises(ConfigError, match=r"planned differently \(other cells or seeds\)") as err:
+        claim_plan(tmp_path, [("c", cfg["seed"], cfg)])
+    assert "\n" not in str(err.value)
+
+
 def test_run_all_skips_finished_runs_and_reports_no_unfinished_one(tmp_path):
     cfgs = _cfgs(tmp_path, 4)
     save_result(cfgs[0], {"seed": 0})
@@ -185,9 +200,13 @@ def test_an_interrupted_cell_is_never_reported_as_a_result(tmp_path, monkeypatch
 
     monkeypatch.setattr(Trainer, "train", stopped_second)
     out = tmp_path / "m"
-    rc, err = run_cli([*MATRIX, "--steps", "2", "--seeds", "2", "--workers", "1", "--out", str(out), *_sets(TINY)])
+    renamed = []  # the status page is written atomically
+    with on_write_point(lambda point, path: renamed.append(path) if point == "atomic.rename" else None):
+        rc, err = run_cli([*MATRIX, "--steps", "2", "--seeds", "2", "--workers", "1", "--out", str(out),
+                           *_sets(TINY)])
     assert rc == 128 + signal.SIGINT and "stopped by SIGINT: 1 of 2 runs finished" in err[-1], err
     assert not (out / "matrix.json").exists() and "grpo-uniform seed 1" in (out / "matrix.md").read_text()
+    assert out / "matrix.md" in renamed
     assert (out / "cells/grpo-uniform/seed0" / RESULT_NAME).is_file()
     assert not (out / "cells/grpo-uniform/seed1" / RESULT_NAME).exists()
 

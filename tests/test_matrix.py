@@ -135,6 +135,26 @@ def _synthetic_runs():
             (sara, run(1, [0.5, 0.7, 0.7, 0.75], effective=6, steps=5))]
 
 
+def test_matrix_outputs_are_written_atomically(tmp_path):
+    """``matrix.json`` and ``matrix.md`` go through ``atomic_write``: a link planted at either is replaced, never
+    followed (its target outside the directory keeps its bytes)."""
+    from sara.experiments.matrix_report import analyze, write_outputs
+    from sara.storage import on_write_point
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    out = tmp_path / "m"
+    out.mkdir()
+    for name in ("matrix.json", "matrix.md"):
+        (out / name).symlink_to(outside)
+    report = analyze(_synthetic_runs(), budget=300, eval_prompts=100, eval_samples=4)
+    renamed = []
+    with on_write_point(lambda point, path: renamed.append(path.name) if point == "atomic.rename" else None):
+        write_outputs(report, out)
+    assert {"matrix.json", "matrix.md"} <= set(renamed) and outside.read_text() == "keep"
+    assert not (out / "matrix.md").is_symlink() and json.loads((out / "matrix.json").read_text())["budget"] == 300
+
+
 def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
     from sara.experiments.matrix_report import _ci, analyze, format_report, write_outputs
 

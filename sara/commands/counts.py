@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sara.config import MAX_SEED, ConfigError
+from sara.config import MAX_SEED, MAX_STEPS, ConfigError
 
 __all__ = ["BOUNDS", "MAX_BATCH", "MAX_GROUP", "MAX_POOL", "MAX_RUNS", "MAX_SEEDS", "MAX_STEPS", "MAX_TOKENS", "MAX_UNITS",
            "MAX_WORKERS", "check_counts"]
@@ -20,8 +20,6 @@ MAX_SEEDS = 1000
 """Most seeds a command repeats its runs over (``--seeds``)."""
 MAX_RUNS = 10_000
 """Most runs one ``sara matrix`` starts: cells x seeds (each is a training run with its own directory)."""
-MAX_STEPS = 1_000_000
-"""Most steps of a run or a benchmark a flag asks for."""
 MAX_WORKERS = 1024
 """Most worker processes or actors (``--workers``)."""
 MAX_POOL = 1_000_000

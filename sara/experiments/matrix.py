@@ -21,6 +21,7 @@ from typing import Any
 
 from sara.config import ConfigError, parse_spec
 from sara.experiments.matrix_runs import MatrixInterrupted, claim_plan, run_all, save_result
+from sara.storage import atomic_write
 
 __all__ = ["Cell", "PHASE_KEYS", "parse_specs", "parse_cells", "run_matrix"]
 
@@ -267,8 +268,9 @@ def run_matrix(base: Mapping[str, Any], cells: Sequence[Cell], *, steps: int, ou
         done = run_all(_run_one, [runs[i][1] for i in todo], workers=workers, labels=labels,
                        on_result=lambda j, res: on_result(todo[j], res))
     except MatrixInterrupted as exc:  # no results: a status page names the unfinished runs
-        (out / "matrix.md").write_text(f"# Unfinished matrix\n\n`{command or 'sara matrix'}` was {exc}.\n\n"
-                                       "Unfinished runs (no results):\n\n" + "".join(f"- {u}\n" for u in exc.unfinished))
+        page = (f"# Unfinished matrix\n\n`{command or 'sara matrix'}` was {exc}.\n\n"
+                "Unfinished runs (no results):\n\n" + "".join(f"- {u}\n" for u in exc.unfinished))
+        atomic_write(out / "matrix.md", lambda fh: fh.write(page.encode("utf-8")))
         raise
     if store is not None:
         from sara.experiments.store import config_hash, sara_version, store_report, store_view

@@ -24,6 +24,7 @@ from sara.experiments.curves import (
     seed_measures,
 )
 from sara.experiments.saving import COST_NOTES, cell_costs, cost_lines, cost_ratios, machines
+from sara.storage import atomic_write
 
 __all__ = ["MEASURES", "analyze", "format_report", "write_outputs", "plot_report", "ratio_interval"]
 
@@ -351,12 +352,13 @@ def _finite(x: Any) -> Any:
 
 def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
     """Write ``matrix.json`` (NaN as null), ``matrix.md`` and, when matplotlib is installed, ``matrix.png``,
-    ``matrix_seconds.png`` and ``matrix_tokens.png``."""
+    ``matrix_seconds.png`` and ``matrix_tokens.png``, each atomically (``sara.storage.atomic_write``: a crash leaves
+    the previous file, a link at the path is replaced, never followed)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "matrix.json", "md": out / "matrix.md"}
-    paths["json"].write_text(json.dumps(_finite(report), indent=1, default=float), encoding="utf-8")
-    paths["md"].write_text(format_report(report), encoding="utf-8")
+    for key, text in (("json", json.dumps(_finite(report), indent=1, default=float)), ("md", format_report(report))):
+        atomic_write(paths[key], lambda fh, text=text: fh.write(text.encode("utf-8")))
     try:
         paths["png"] = plot_report(report, out / "matrix.png")
         paths["png_seconds"] = plot_report(report, out / "matrix_seconds.png", x="seconds")

@@ -81,7 +81,7 @@ def claim_plan(out: str | Path, runs: Sequence[tuple[str, int, Mapping[str, Any]
     if path.is_file():
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # unreadable, torn or nested past the parser: damaged
             old = None
         if old != plan:
             if not isinstance(old, dict) or [(r.get("cell"), r.get("seed")) for r in old.get("runs", [])] != [
@@ -101,7 +101,7 @@ def finished_result(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
     """The measures a finished run left in ``<out_dir>/result.json``, or None (unfinished, or another config's)."""
     try:
         data = json.loads((Path(cfg["out_dir"]) / RESULT_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, torn or nested past the parser: unfinished
         return None
     ok = isinstance(data, dict) and data.get("config") == _jsonable(cfg) and isinstance(data.get("result"), dict)
     return data["result"] if ok else None

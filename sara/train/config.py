@@ -13,12 +13,20 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sara.backends.ray.config import RayTrainOptions
-from sara.config import MAX_SEED, MIN_TEMPERATURE, ConfigError, SaraModel, parse_spec, validate_config
+from sara.config import (
+    MAX_SEED,
+    MAX_STEPS,
+    MIN_TEMPERATURE,
+    ConfigError,
+    SaraModel,
+    parse_spec,
+    validate_config,
+)
 from sara.driver import DriverConfig
 
 __all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads",
            "MAX_GROUP_SIZE", "MAX_GROUPS_PER_STEP", "MAX_NEW_TOKENS", "MAX_STEP_ROLLOUTS", "MAX_STEP_TOKENS",
-           "MAX_THREADS"]
+           "MAX_THREADS", "MAX_EPOCHS", "MAX_KEPT_CHECKPOINTS", "MAX_OPTIMIZER_STEPS", "MAX_ROLLOUTS"]
 
 MAX_THREADS = 1024
 """Largest ``TrainConfig.threads``: more than the hardware threads of any common machine (far more threads than that
@@ -31,6 +39,14 @@ MAX_STEP_ROLLOUTS = 2**17
 """Largest batch a step asks for, ``k x groups_per_step`` rollouts (131,072)."""
 MAX_STEP_TOKENS = 2**30
 """Largest ``k x groups_per_step x max_new_tokens``: the generated tokens a step's batch may hold."""
+MAX_EPOCHS = 1000
+"""Largest ``optim.epochs``: passes over one collected batch."""
+MAX_OPTIMIZER_STEPS = 10**9
+"""Largest ``optim.warmup_steps`` and ``optim.total_optimizer_steps`` (``MAX_STEPS`` steps x ``MAX_EPOCHS`` epochs)."""
+MAX_KEPT_CHECKPOINTS = 1000
+"""Largest ``keep_checkpoints``."""
+MAX_ROLLOUTS = 10**12
+"""Largest ``rollout_budget`` and ``max_rollouts_per_step``."""
 
 
 class OptimConfig(SaraModel):
@@ -46,16 +62,16 @@ class OptimConfig(SaraModel):
     """Clip the global gradient norm to this (None = no clipping)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """LR after warmup: constant, or linear / cosine decay to 0 at ``total_optimizer_steps``."""
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warmup, in optimizer steps."""
-    total_optimizer_steps: int | None = Field(None, ge=1)
-    """Horizon of the decay schedules (None = steps x epochs x mini-batches per batch, estimated from the config)."""
-    epochs: int | None = Field(None, ge=1)
-    """Passes over each collected batch (None = the algorithm's suggestion, ``AlgoSpec.epochs``)."""
-    minibatch_rollouts: int | None = Field(None, ge=1)
-    """Rollouts per optimizer step (None = the whole batch: one optimizer step per epoch)."""
-    microbatch_tokens: int | None = Field(2048, ge=1)
-    """Most positions one forward pass runs (a shared prefix once, then every row's padded rest; see
+    warmup_steps: int = Field(0, ge=0, le=MAX_OPTIMIZER_STEPS)
+    """Linear warmup, in optimizer steps, at most ``MAX_OPTIMIZER_STEPS``."""
+    total_optimizer_steps: int | None = Field(None, ge=1, le=MAX_OPTIMIZER_STEPS)
+    """Horizon of the decay schedules, at most ``MAX_OPTIMIZER_STEPS`` (None = steps x epochs x mini-batches per batch, estimated from the config)."""
+    epochs: int | None = Field(None, ge=1, le=MAX_EPOCHS)
+    """Passes over each collected batch, at most ``MAX_EPOCHS`` (None = the algorithm's suggestion, ``AlgoSpec.epochs``)."""
+    minibatch_rollouts: int | None = Field(None, ge=1, le=MAX_STEP_ROLLOUTS)
+    """Rollouts per optimizer step, at most ``MAX_STEP_ROLLOUTS`` (None = the whole batch: one optimizer step per epoch)."""
+    microbatch_tokens: int | None = Field(2048, ge=1, le=MAX_STEP_TOKENS)
+    """Most positions one forward pass runs (at most ``MAX_STEP_TOKENS``) (a shared prefix once, then every row's padded rest; see
     ``sara.train.microbatch``). A mini-batch is split into such micro-batches whose gradients are accumulated before
     its ONE optimizer step (the same step, loss normalisation included, as one forward), so activation memory stays
     bounded however many groups a step trains. None = one forward per mini-batch."""
@@ -64,8 +80,8 @@ class OptimConfig(SaraModel):
 class EvalConfig(SaraModel):
     """Held-out evaluation (the task's ``eval_prompts``) with fixed seeds, so evaluations are comparable."""
 
-    every: int = Field(10, ge=0)
-    """Evaluate every this many training steps (0 = only before training and at the end)."""
+    every: int = Field(10, ge=0, le=MAX_STEPS)
+    """Evaluate every this many training steps, at most ``MAX_STEPS`` (0 = only before training and at the end)."""
     num_prompts: int = Field(500, ge=1, le=1_000_000)
     """Held-out prompts used (the first ones of the task's eval split), at most 1,000,000."""
     samples: int = Field(4, ge=1, le=MAX_GROUP_SIZE)
@@ -139,12 +155,12 @@ class TrainConfig(SaraModel):
     groups_per_step: int = Field(32, ge=1, le=MAX_GROUPS_PER_STEP)
     """Committed groups wanted per step (the training batch, in groups), at most ``MAX_GROUPS_PER_STEP``; with ``k``,
     at most ``MAX_STEP_ROLLOUTS`` rollouts (and ``MAX_STEP_TOKENS`` tokens at ``max_new_tokens``) a step."""
-    max_rollouts_per_step: int | None = Field(None, ge=1)
-    """Hard rollout budget of one step (None = none)."""
-    rollout_budget: int | None = Field(None, ge=1)
-    """Rollouts for the whole run; training stops when it is spent (None = run ``steps`` steps)."""
-    steps: int = Field(80, ge=0)
-    """Training (collection) steps at most."""
+    max_rollouts_per_step: int | None = Field(None, ge=1, le=MAX_ROLLOUTS)
+    """Hard rollout budget of one step, at most ``MAX_ROLLOUTS`` (None = none)."""
+    rollout_budget: int | None = Field(None, ge=1, le=MAX_ROLLOUTS)
+    """Rollouts for the whole run, at most ``MAX_ROLLOUTS``; training stops when it is spent (None = run ``steps`` steps)."""
+    steps: int = Field(80, ge=0, le=MAX_STEPS)
+    """Training (collection) steps at most, itself at most ``MAX_STEPS``."""
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=10)
     """Sampling temperature of training rollouts and of ``eval/acc_sample``, in [``MIN_TEMPERATURE``, 10] (0.01: a
     lower one is greedy decoding in all but name, which no group-relative algorithm learns from)."""
@@ -174,10 +190,10 @@ class TrainConfig(SaraModel):
     times out on more than this share of a step's rollouts: a broken verifier scores everything 0, which would
     otherwise look like a hard task. 1 = never stop; the counts are logged as ``env/verifier_errors`` and
     ``env/verifier_timeouts`` either way."""
-    checkpoint_every: int = Field(0, ge=0)
-    """Write a checkpoint every this many steps (0 = only at the end)."""
-    keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept on disk."""
+    checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS)
+    """Write a checkpoint every this many steps, at most ``MAX_STEPS`` (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1, le=MAX_KEPT_CHECKPOINTS)
+    """Checkpoints kept on disk, at most ``MAX_KEPT_CHECKPOINTS``."""
     out_dir: str | None = None
     """Output directory, a path taken literally (None = ``runs/<name>``). One run at a time writes to it (a lock
     file, ``.sara.lock``)."""
