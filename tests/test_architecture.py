@@ -3,7 +3,7 @@ under ``sara/`` stays within 400 lines, no deprecation shims, and one driver.
 
 Layers, lowest first (a module may import its own layer and the ones below):
 
-0. core: types, units, config, configfile, registry, seeding, timing, storage, handles, data
+0. core: types, units, config, configfile, specs, registry, seeding, timing, storage, handles, data, machine
 1. priors: how hard a prompt is (population priors, per-prompt history, posteriors)
 2. decisions, algorithms and environments: samplers, allocators, algos, envs (tasks, simulators, task envs), metrics,
    hub
@@ -14,6 +14,11 @@ Layers, lowest first (a module may import its own layer and the ones below):
 
 Within layer 2, samplers, allocators, algos and envs never import each other; within layer 3, policies never import
 backends. Imports inside functions count, and so do lazy ``"sara.module:attr"`` registry entries.
+
+No two modules import each other, directly or through others (no import cycle, imports inside functions and under
+``TYPE_CHECKING`` included): ``from package import submodule`` counts as importing the submodule, and registry entries
+(``"sara.module:attr"`` strings) do not count here, because a registry resolves them by name on first lookup, after
+both modules are loaded (``sara/Mixture-v0``'s components are looked up in the very registry that names it).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ ROOT = Path(sara.__file__).parent
 
 LAYERS: dict[str, int] = {
     "sara.types": 0, "sara.units": 0, "sara.config": 0, "sara.registry": 0, "sara.seeding": 0, "sara.timing": 0,
-    "sara.storage": 0, "sara.handles": 0, "sara.data": 0, "sara.configfile": 0, "sara.machine": 0,
+    "sara.storage": 0, "sara.handles": 0, "sara.data": 0, "sara.configfile": 0, "sara.machine": 0, "sara.specs": 0,
     "sara.priors": 1,
     "sara.samplers": 2, "sara.allocators": 2, "sara.algos": 2, "sara.envs": 2, "sara.metrics": 2, "sara.hub": 2,
     "sara.policies": 3, "sara.backends": 3,
@@ -104,6 +109,87 @@ def violations(module: str, source: str) -> list[str]:
 
 
 MODULES = sorted(ROOT.rglob("*.py"))
+
+
+def code_imports(source: str, module: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``source`` imports in code: ``imports_of`` less the registry entries, a name
+    imported from a package resolved to its submodule when it is one (``from sara.train import checkpoint``)."""
+    sara_modules = imports_of(source, module)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in sara_modules:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            found |= subs | ({node.module} if len(subs) < len(node.names) else set())
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & sara_modules
+    return {m for m in found if m in known and m != module}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycles():
+    known = {module_name(path) for path in MODULES}
+    graph = {module_name(p): code_imports(p.read_text(encoding="utf-8"), module_name(p), known) for p in MODULES}
+    cycles = import_cycles(graph)
+    assert not cycles, "modules that import each other (move what they share below both):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("sources", [
+    {"sara.a": "from sara.b import x\n", "sara.b": "def f():\n    from sara.a import y\n"},       # inside a function
+    {"sara.a": "import sara.b\n", "sara.b": "from sara import c\n", "sara.c": "from sara.a import z\n"},  # via one more
+    {"sara.p": "from sara.p import m\n", "sara.p.m": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+     "    from sara.p import T\n"},                                                             # a type-only import
+])
+def test_the_cycle_checker_catches_a_cycle(sources):
+    graph = {m: code_imports(src, m, set(sources)) for m, src in sources.items()}
+    assert import_cycles(graph) == [sorted(sources)]
+
+
+def test_the_cycle_checker_lets_a_registry_name_its_entry():
+    sources = {"sara.tasks": "REG = {'mix': 'sara.tasks.mix:make'}\n", "sara.tasks.mix": "from sara.tasks import REG\n"}
+    graph = {m: code_imports(src, m, set(sources)) for m, src in sources.items()}
+    assert graph == {"sara.tasks": set(), "sara.tasks.mix": {"sara.tasks"}} and not import_cycles(graph)
 
 
 def test_dependencies_point_one_way():

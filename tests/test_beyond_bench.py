@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sara.bench.allocation import AllocationBenchConfig, drift_rates, num_steps, run_allocation_bench
-from sara.commands.bench import split_specs
+from sara.specs import split_specs
 
 
 def test_drift_moves_trained_prompts_most():

@@ -11,6 +11,7 @@ import pytest
 
 from sara.bench.summary import t_interval
 from sara.config import ConfigError
+from sara.experiments.cells import Cell, parse_cells, parse_specs
 from sara.experiments.curves import (
     aggregate_measures,
     eval_standard_errors,
@@ -19,7 +20,6 @@ from sara.experiments.curves import (
     seed_measures,
     value_at,
 )
-from sara.experiments.matrix import Cell, parse_cells, parse_specs
 
 ALGOS = ["grpo", "rloo", "ppo", "reinforce_pp"]
 ALLOCATORS = ["uniform", "ds", "sara"]
@@ -202,7 +202,7 @@ def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
 
 
 def test_ratio_interval_propagates_both_sides():
-    from sara.experiments.matrix_report import ratio_interval
+    from sara.bench.summary import ratio_interval
 
     r, half = ratio_interval({"mean": 6.0, "half": 0.6}, {"mean": 10.0, "half": 0.8})
     assert r == pytest.approx(0.6) and half == pytest.approx(0.6 * math.sqrt(0.01 + 0.0064))

@@ -33,7 +33,7 @@ def test_vllm_engine_in_a_ray_actor_generates_and_follows_weight_updates(vllm_mo
                for q in ("What is 2+3?", "Name a colour.", "Say hello in French.")]
     reqs = [GenerationRequest(prompt=p, seeds=(7 * i, 7 * i + 1)) for i, p in enumerate(prompts)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
-    spec = "sara.backends.vllm:make_vllm_backend:model=smollm2,max_model_len=256,cpu_kvcache_space_gb=1"
+    spec = "sara.backends.vllm_factory:make_vllm_backend:model=smollm2,max_model_len=256,cpu_kvcache_space_gb=1"
     with RayRolloutPool(spec, num_workers=1, split_requests=False) as pool:
         out = pool.generate(reqs, sampling)
         (info,) = pool.worker_info()

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from sara.bench.summary import t_interval
-from sara.experiments.matrix import PHASE_KEYS, Cell
+from sara.experiments.cells import Cell
+from sara.experiments.matrix import PHASE_KEYS
 
 TINY = ["task=sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=8", "groups_per_step=2", "k=2",
         "eval.num_prompts=4", "eval.samples=1", "eval.greedy=false", "scorer=inline", "tensorboard=false",

@@ -39,7 +39,7 @@ BACKENDS: Registry[Callable[..., Any]] = Registry(
 BACKENDS.register("tiny", "sara.backends.tiny:make_tiny_backend")
 # Real LLMs: any local HF model directory or a prepared name (``sara model prepare smollm2``).
 BACKENDS.register("hf", "sara.backends.hf:make_hf_backend")
-BACKENDS.register("vllm", "sara.backends.vllm:make_vllm_backend")
+BACKENDS.register("vllm", "sara.backends.vllm_factory:make_vllm_backend")
 
 
 def make_backend(spec: str, policy: Any = None, **context: Any) -> Any:

@@ -31,7 +31,6 @@ top-p truncation, computed in float32 from the generating weights), the same con
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -39,6 +38,7 @@ import torch
 from pydantic import Field
 
 from sara.backends.hf_cache import fill_from_end, with_spare
+from sara.backends.hf_rows import Row
 from sara.backends.sampling import sample_tokens
 from sara.backends.text import encode_prompt, eos_ids, find_stop
 from sara.backends.text import render_chat as _render_chat
@@ -82,20 +82,6 @@ class HFBackendConfig(SaraModel):
     def dtype_choice(self) -> DtypeChoice:
         """The generating copy's dtype on ``device`` and why (``auto`` resolved by ``sara.machine``)."""
         return resolve_dtype(self.dtype, self.device)
-
-
-@dataclass
-class _Row:
-    """One completion being generated."""
-
-    request: int
-    prompt_ids: list[int]
-    seed: int
-    cap: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str = ""
-    text: str | None = None
 
 
 class HFBackend:
@@ -151,8 +137,8 @@ class HFBackend:
         if self.closed:
             raise RuntimeError("HFBackend is closed")
         prompts = [encode_prompt(self.tokenizer, r.prompt) for r in requests]
-        rows = [_Row(i, prompts[i], int(s), int(r.max_new_tokens if r.max_new_tokens is not None
-                                                 else sampling.max_new_tokens))
+        rows = [Row(i, prompts[i], int(s), int(r.max_new_tokens if r.max_new_tokens is not None
+                                                else sampling.max_new_tokens))
                 for i, r in enumerate(requests) for s in r.seeds]
         was_training = self.model.training
         self.model.eval()
@@ -175,11 +161,11 @@ class HFBackend:
             self.tokens_generated += len(row.tokens)
         return out
 
-    def _chunks(self, rows: list[_Row]) -> list[list[_Row]]:
+    def _chunks(self, rows: list[Row]) -> list[list[Row]]:
         """Split rows into chunks of at most ``max_batch_size``, keeping a request's rows together when they fit."""
         size = self.config.max_batch_size
-        chunks: list[list[_Row]] = []
-        cur: list[_Row] = []
+        chunks: list[list[Row]] = []
+        cur: list[Row] = []
         i = 0
         while i < len(rows):
             j = i
@@ -199,7 +185,7 @@ class HFBackend:
         return chunks
 
     @torch.inference_mode()
-    def _generate_chunk(self, rows: list[_Row], sampling: SamplingConfig) -> None:
+    def _generate_chunk(self, rows: list[Row], sampling: SamplingConfig) -> None:
         dev = self.device
         # 1) prefill each distinct prompt once (left padding), then repeat its cache for its rows
         uniq: dict[int, int] = {}
@@ -291,7 +277,7 @@ class HFBackend:
                          logits_to_keep=1)
         return out.logits[:, -1, :].float(), out.past_key_values
 
-    def _hit_stop(self, row: _Row, stops: Sequence[str]) -> bool:
+    def _hit_stop(self, row: Row, stops: Sequence[str]) -> bool:
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
         end = find_stop(text, stops)
         if end < 0:

@@ -29,25 +29,22 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from sara.backends.hf import _Row
 from sara.backends.hf_prefix import left_pad
+from sara.backends.hf_rows import DecodeHost, Row
 from sara.backends.text import encode_prompt
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
-
-if TYPE_CHECKING:
-    from sara.backends.hf import HFBackend
 
 __all__ = ["HFStreamEngine"]
 
 
 @dataclass
-class _Slot(_Row):
-    """A streamed completion: a ``_Row`` under a tag (``request``) with its sampling settings."""
+class _Slot(Row):
+    """A streamed completion: a ``Row`` under a tag (``request``) with its sampling settings."""
 
     sampling: SamplingConfig = SamplingConfig()
     pending_version: int = -1  # weights version of the forward that computed this row's next-token logits
@@ -67,7 +64,7 @@ class HFStreamEngine:
         prefills: Prefill forwards run so far (one per step that admitted newcomers).
     """
 
-    def __init__(self, backend: HFBackend, slots: int) -> None:
+    def __init__(self, backend: DecodeHost, slots: int) -> None:
         self.backend = backend
         self.slots = int(slots)
         self.queue: deque[_Slot] = deque()  # submitted, not yet admitted (FIFO)

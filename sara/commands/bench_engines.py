@@ -238,7 +238,7 @@ def _population(args: argparse.Namespace) -> int:
 
 def _ds_estimate(args: argparse.Namespace) -> int:
     from sara.bench.ds_estimate import DSEstimateBenchConfig, format_table, run_ds_estimate_bench
-    from sara.commands.bench import split_specs
+    from sara.specs import split_specs
 
     cfg = validate_config(DSEstimateBenchConfig, dict(config=args.config, allocators=split_specs(args.allocators),
                                                       seeds=args.seeds, overrides=args.overrides),

@@ -38,7 +38,8 @@ from typing import Any
 from sara.commands.counts import MAX_RUNS, check_counts
 from sara.commands.names import matrix_out
 from sara.commands.output import Ticker, claim_dir, remove_entries, write_report
-from sara.experiments.matrix import parse_cells, run_matrix
+from sara.experiments.cells import parse_cells
+from sara.experiments.matrix import run_matrix
 from sara.experiments.matrix_report import format_report
 from sara.experiments.matrix_runs import PLAN_NAME, MatrixInterrupted
 

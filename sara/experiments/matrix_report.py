@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sara.bench.summary import group_ratios, t_interval
+from sara.bench.summary import group_ratios, ratio_interval, t_interval
 from sara.experiments.curves import (
     BUDGET_FRACTIONS,
     aggregate_measures,
@@ -26,7 +26,7 @@ from sara.experiments.curves import (
 from sara.experiments.saving import COST_NOTES, cell_costs, cost_lines, cost_ratios, machines
 from sara.storage import atomic_write
 
-__all__ = ["MEASURES", "analyze", "format_report", "write_outputs", "plot_report", "ratio_interval"]
+__all__ = ["MEASURES", "analyze", "format_report", "write_outputs", "plot_report"]
 
 _RAW = ("seed", "name", "algo", "allocator", "steps", "acc_before", "acc_after", "rollouts", "tokens",
         "effective_groups", "committed_groups", "wall_seconds", "out_dir", "curve", "phases", "acc_by_band",
@@ -44,7 +44,7 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
 
     Args:
         runs: ``(cell, result)`` pairs; ``cell`` has ``algo``, ``allocator``, ``sampler``, ``spec``, ``name``
-            (``sara.experiments.matrix.Cell``); ``result`` has ``seed``, the ``RunSummary`` fields and ``curve``
+            (``sara.experiments.cells.Cell``); ``result`` has ``seed``, the ``RunSummary`` fields and ``curve``
             (columnar: ``rollouts``, ``tokens``, ``wall_s``, ``acc`` at each evaluation).
         budget: The shared rollout budget.
         reference: Allocator spec of the reference cell of each algorithm.
@@ -126,24 +126,6 @@ def analyze(runs: Sequence[tuple[Any, Mapping[str, Any]]], *, budget: float, ref
     return {"budget": budget, "seeds": seeds, "reference": reference, "target_acc": target_acc,
             "eval": {"prompts": eval_prompts, "samples": eval_samples}, "fractions": list(BUDGET_FRACTIONS),
             "algos": algos, "cells": cells}
-
-
-def ratio_interval(num: Mapping[str, float], den: Mapping[str, float]) -> tuple[float, float]:
-    """``num["mean"] / den["mean"]`` and the half-width of its interval, propagated from the two means' interval
-    half-widths to first order (the delta method for a ratio of independent means:
-    ``r * sqrt((h_num / num)^2 + (h_den / den)^2)``); NaN where either side has none.
-
-    Example: ``ratio_interval({"mean": 6, "half": 0.6}, {"mean": 10, "half": 0.8})`` = ``(0.6, 0.6 * sqrt(0.01 +
-    0.0064))`` = ``(0.6, 0.0768)``.
-    """
-    a, b = float(num["mean"]), float(den["mean"])
-    if not (math.isfinite(a) and math.isfinite(b)) or b == 0:
-        return math.nan, math.nan
-    r = a / b
-    ha, hb = float(num["half"]), float(den["half"])
-    half = abs(r) * math.sqrt((ha / a) ** 2 + (hb / b) ** 2) if a and math.isfinite(ha) and math.isfinite(hb) \
-        else math.nan
-    return r, half
 
 
 def _tokens(rs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:

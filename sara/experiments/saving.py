@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from sara.bench.summary import t_interval
+from sara.bench.summary import ratio_interval, t_interval
 from sara.experiments.curves import crossing_index
 
 __all__ = ["COSTS", "cell_costs", "cost_ratios", "machines", "cost_lines", "COST_NOTES"]
@@ -79,8 +79,6 @@ def cell_costs(rs: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any]
 
 def cost_ratios(costs: dict[str, Any], ref: Mapping[str, Any] | None) -> None:
     """Add ``effective_groups_to_target_ratio`` / ``_half``: the cell's mean over the reference cell's ``ref``."""
-    from sara.experiments.matrix_report import ratio_interval
-
     den = (ref or {}).get("effective_groups_to_target", {"mean": math.nan, "half": math.nan})
     r, half = ratio_interval(costs["effective_groups_to_target"], den)
     costs["effective_groups_to_target_ratio"], costs["effective_groups_to_target_ratio_half"] = r, half

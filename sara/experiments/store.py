@@ -159,7 +159,7 @@ class ResultStore:
         stored under another config or version (``allow_mixed``: it stays, and that seed does not run again).
 
         Args:
-            runs: ``(cell, config)`` of every planned run (``sara.experiments.matrix.Cell``, a ``TrainConfig``
+            runs: ``(cell, config)`` of every planned run (``sara.experiments.cells.Cell``, a ``TrainConfig``
                 dump).
             base_sampler: The matrix's own sampler (``store_view``).
             allow_mixed: Keep stored runs of another config hash or sara version (reported apart, never pooled)
@@ -250,7 +250,7 @@ class ResultStore:
         Raises:
             ConfigError: the store holds no runs.
         """
-        from sara.experiments.matrix import Cell
+        from sara.experiments.cells import Cell
 
         records = self.records()
         if not records:
