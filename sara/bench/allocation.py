@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from sara.allocators import compose, make_allocator
 from sara.bench.summary import group_ratios
@@ -37,6 +37,7 @@ from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
 from sara.metrics import save_figure
 from sara.samplers import PromptSampler, UniformSampler, make_sampler
+from sara.specs import parse_allocation
 from sara.step import WrongAbandons
 from sara.types import CollectStats
 
@@ -72,6 +73,13 @@ class AllocationBenchConfig(SaraModel):
     prompt pool); reports starvation."""
     drift: float = Field(0.0, ge=0.0)
     """Per-step drift of success rates on the logit scale, larger for trained prompts (``drift_rates``)."""
+
+    @field_validator("allocators", "reference")
+    @classmethod
+    def _allocation_specs(cls, v: Any) -> Any:
+        for spec in (v,) if isinstance(v, str) else v:
+            parse_allocation(spec, field="")  # ALLOCATOR[@SAMPLER], refused before any run
+        return v
 
 
 @dataclass
@@ -161,11 +169,10 @@ def num_steps(cfg: AllocationBenchConfig) -> int:
 
 
 def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[CollectStats], np.ndarray]:
-    name, _, sampler_spec = spec.partition("@")
+    pair = parse_allocation(spec, field="allocators", what="bench allocation")
     env = SimulatedEnv(cfg.population, size=cfg.pool_size, seed=seed)
-    allocator = make_allocator(name, k=cfg.k)
-    default = "uniform" if spec == cfg.reference else cfg.sampler
-    sampler_spec = sampler_spec or default
+    allocator = make_allocator(pair.allocator, k=cfg.k)
+    sampler_spec = pair.sampler_or("uniform" if spec == cfg.reference else cfg.sampler)
     if sampler_spec == "oracle":
         sampler: PromptSampler = OracleSampler(env, cfg.k, seed=seed)
     else:

@@ -21,6 +21,7 @@ import numpy as np
 
 from sara.driver import collect
 from sara.seeding import derive_seeds
+from sara.specs import parse_allocation
 from sara.step import CollectObserver, Counterfactual, StepState
 from sara.types import Decision, RolloutRequest
 
@@ -180,6 +181,7 @@ def diagnose_policy(config: Any, specs: Sequence[str], *, steps: int = 4, train_
     from sara.samplers import make_sampler
     from sara.train import Trainer
 
+    pairs = [parse_allocation(spec, field="specs", what="diagnose") for spec in specs]  # refused before any work
     trainer = Trainer(config)
     for _ in range(train_steps):
         trainer.train_step()
@@ -191,10 +193,9 @@ def diagnose_policy(config: Any, specs: Sequence[str], *, steps: int = 4, train_
         out["rates_mean"] = float(rates.mean())
         out["rates_hist"] = np.histogram(rates, bins=(0, 1e-9, 0.1, 0.5, 0.9, 1 - 1e-9, 1))[0].tolist()
         out["population"] = population_figures(rates, cfg.k)
-    for spec in specs:
-        name, _, sampler_spec = spec.partition("@")
-        allocator, sampler = compose(make_allocator(name, k=cfg.k),
-                                     make_sampler(sampler_spec or "uniform", len(env.prompts), seed=seed, k=cfg.k),
+    for spec, pair in zip(specs, pairs):
+        allocator, sampler = compose(make_allocator(pair.allocator, k=cfg.k),
+                                     make_sampler(pair.sampler_or("uniform"), len(env.prompts), seed=seed, k=cfg.k),
                                      env.prompts)
         obs = AllocationDiagnostics(env, finish=finish)
         for t in range(steps):

@@ -17,9 +17,10 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from sara.config import SaraModel
+from sara.specs import parse_allocation
 
 __all__ = ["DSEstimateBenchConfig", "format_table", "run_ds_estimate_bench"]
 
@@ -37,12 +38,19 @@ class DSEstimateBenchConfig(SaraModel):
     overrides: list[str] = Field(default_factory=list, max_length=64)
     """``KEY=VALUE`` overrides of the train config, as ``sara train --set`` takes them."""
 
+    @field_validator("allocators")
+    @classmethod
+    def _allocation_specs(cls, v: Any) -> Any:
+        for spec in (v,) if isinstance(v, str) else v:
+            parse_allocation(spec, field="")  # ALLOCATOR[@SAMPLER], refused before any run
+        return v
+
 
 def _train(cfg: Any, spec: str, seed: int, out_dir: str) -> dict[str, Any]:
     from sara.train import Trainer
 
-    allocator, _, sampler = spec.partition("@")
-    run_cfg = cfg.model_copy(update={"allocator": allocator, "sampler": sampler or "uniform", "seed": seed,
+    pair = parse_allocation(spec, field="allocators", what="bench ds-estimate")
+    run_cfg = cfg.model_copy(update={"allocator": pair.allocator, "sampler": pair.sampler_or("uniform"), "seed": seed,
                                      "out_dir": out_dir, "progress": False,
                                      "tensorboard": False})
     with Trainer(run_cfg) as trainer:

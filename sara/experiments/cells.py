@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sara.config import ConfigError, parse_spec
+from sara.specs import parse_allocation
 
 __all__ = ["Cell", "parse_specs", "parse_cells"]
 
@@ -85,14 +86,11 @@ def parse_cells(algos: str | Sequence[str], allocators: str | Sequence[str]) -> 
     names: set[str] = set()
     for algo in algo_list:
         for spec in alloc_list:
-            alloc, at, sampler = (s.strip() for s in spec.partition("@"))
-            if not alloc or (at and not sampler):
-                raise ConfigError(f"matrix: field 'allocators': {spec!r} must look like ALLOCATOR or "
-                                  "ALLOCATOR@SAMPLER (e.g. sara@predictive)")
+            pair = parse_allocation(spec, field="allocators", what="matrix")
             base = name = _safe(f"{algo}-{spec}")
             i = 2
             while name.lower() in names:  # unique, also on case-insensitive filesystems
                 name, i = f"{base}-{i}", i + 1
             names.add(name.lower())
-            cells.append(Cell(algo, alloc, sampler or None, spec, name))
+            cells.append(Cell(algo, pair.allocator, pair.sampler, spec, name))
     return cells
