@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | Path, *, total_steps: int = 0, progress: bool = True,
                  tensorboard: bool | None = None, resume: Mapping[str, Any] | None = None, initial_step: int = 0,
-                 show: Mapping[str, str | tuple[str, str]] | None = None, print_every: int = 10) -> None:
+                 show: Mapping[str, str | tuple[str, str]] | None = None, print_every: int = 10,
+                 live_every: float = 1.0) -> None:
         from sara.storage import AppendLog
 
         self.out_dir = Path(out_dir)
@@ -48,6 +50,8 @@ class MetricsLogger:
         self._log = AppendLog(self.path, None if resume is None else dict(resume))
         self.show = dict(show or {})
         self.print_every = max(1, print_every)
+        self.live_every = float(live_every)
+        self._live_at = -math.inf
         self._tb = None
         if tensorboard is not False:
             try:
@@ -79,12 +83,26 @@ class MetricsLogger:
         shown = {label: metric_value(metrics, key) for label, key in self.show.items()}
         live = {label: _readable(v) for label, v in shown.items() if v is not None}
         if self._bar is not None:  # the bar counts training steps: the step-0 record (initial evaluation) is not one
+            self._bar.set_description_str("", refresh=False)  # the step's live status ends with its record
             self._bar.set_postfix(live, refresh=False)
             self._bar.update(max(0, int(step) - self._bar.n))
             if self._bar.total and self._bar.n >= self._bar.total:
                 self._bar.refresh()  # the last step's numbers, whatever tqdm's redraw interval skipped
         elif self._progress and (step % self.print_every == 0):
             print(f"step {step}: " + "  ".join(f"{k}={v}" for k, v in live.items()), file=sys.stderr, flush=True)
+
+    def live(self, text: str, *, force: bool = False) -> None:
+        """Show what the run is doing between records (collecting, updating, evaluating): the bar's description with
+        tqdm, else a line on stderr; at most once every ``live_every`` seconds unless ``force`` (a new phase);
+        nothing when progress is off."""
+        now = time.monotonic()
+        if not self._progress or (not force and now - self._live_at < self.live_every):
+            return
+        self._live_at = now
+        if self._bar is not None:
+            self._bar.set_description_str(text, refresh=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def manifest(self) -> dict[str, Any]:
         """The log's length and sha256 so far (fsynced first), for a checkpoint (``sara.storage.AppendLog``)."""

@@ -34,6 +34,9 @@ class CollectObserver:
     def closed(self, state: StepState, unit_ids: np.ndarray, decisions: np.ndarray) -> None:
         """Units were closed with ``decisions`` (their groups are already in ``state``)."""
 
+    def collected(self, state: StepState) -> None:
+        """The step's collection ended (its groups are all in ``state``; ``stats`` is read next)."""
+
     def stats(self) -> dict[str, Any]:
         """``CollectStats`` fields this observer fills in."""
         return {}
@@ -212,6 +215,7 @@ class StepState:
                 for name, gs in (("c", self.committed), ("a", self.abandoned), ("d", self.discarded))}
         extra: dict[str, Any] = {}
         for obs in self.observers:
+            obs.collected(self)
             extra.update(obs.stats())
         stats = CollectStats(
             rollouts=self.rollouts, rounds=self.rounds,

@@ -13,7 +13,7 @@ from sara.priors.features import LENGTH, NUMERIC_BINS, prompt_length, quantile_b
 __all__ = ["held_out_accuracy"]
 
 
-def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None) -> dict[str, float]:
+def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None, progress: Any = None) -> dict[str, float]:
     """``eval/acc_sample`` (training temperature, ``config.eval.samples`` per prompt), the same per
     ``config.eval.by`` label (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed,
     ``eval/acc_greedy`` (when ``config.eval.greedy``) and ``time/eval``.
@@ -22,6 +22,7 @@ def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None) -> dic
         config: The run's ``TrainConfig`` (``eval`` and ``seed`` are read).
         eval_env: Environment over the held-out prompts at the training temperature (None: no held-out split, ``{}``).
         greedy_env: The same prompts decoded greedily (needed when ``config.eval.greedy``).
+        progress: A ``sara.train.progress.StepProgress`` told when each evaluation starts and how long it took.
     """
     from sara.seeding import derive_seeds
     from sara.types import RolloutRequest
@@ -34,6 +35,8 @@ def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None) -> dic
     seeds = derive_seeds(config.seed, 0xE7A1, np.arange(len(prompts))[:, None], np.arange(ec.samples)[None])
     reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=tuple(int(x) for x in seeds[i]))
             for i, p in enumerate(prompts)]
+    if progress is not None:
+        progress.evaluating(len(prompts) * ec.samples)
     per_prompt = np.array([[r.reward for r in rs] for rs in eval_env.rollout(reqs)]).mean(1)
     out = {"eval/acc_sample": float(per_prompt.mean()),
            "eval/frac_prompts_mixed": float(((per_prompt > 0) & (per_prompt < 1)).mean()),
@@ -42,8 +45,12 @@ def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None) -> dic
     out.update(_by_label(prompts, per_prompt, ec.by))
     if ec.greedy:
         reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=(0,)) for i, p in enumerate(prompts)]
+        if progress is not None:
+            progress.evaluating(len(prompts), "greedy held-out", quote_last=False)
         out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in greedy_env.rollout(reqs)]))
     out["time/eval"] = time.perf_counter() - t0
+    if progress is not None:
+        progress.eval_seconds = out["time/eval"]
     return out
 
 

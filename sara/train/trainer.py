@@ -6,9 +6,8 @@ checkpoints.
 together; ``train_step`` is one step, readable top to bottom, each phase timed by name; ``train`` loops, evaluates,
 checkpoints and plots. Nothing here branches on the algorithm's or the allocator's name.
 
-Counters kept separately (an LR schedule follows optimizer steps, never generation rounds or training steps):
-``step`` (training steps = collection steps), ``learner.optimizer_steps`` (mini-batch updates), ``version`` (weight
-syncs to the generator), and cumulative rollouts / tokens in ``totals``.
+Counters kept apart (an LR schedule follows optimizer steps): ``step`` (training = collection steps),
+``learner.optimizer_steps`` (mini-batch updates), ``version`` (weight syncs), ``totals`` (rollouts, tokens, ...).
 
 Example:
     >>> cfg = TrainConfig(steps=3, groups_per_step=8)          # doctest: +SKIP
@@ -35,6 +34,7 @@ from sara.train.bank import SurplusBank, batch_reward_variance
 from sara.train.config import TrainConfig, default_threads
 from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
+from sara.train.progress import StepProgress
 from sara.train.resume import check_resume
 from sara.train.reweight import weigh_advantages
 from sara.train.rundir import RUN_MARKER, RunLock, releases_run_lock, run_writes, take_run_lock
@@ -111,6 +111,7 @@ class Trainer:
         self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
                                                              self.allocator)
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
+        self.progress = StepProgress(lambda text, force=False: self._logger and self._logger.live(text, force=force))
         sampler = make_sampler(cfg.sampler, len(self.env.prompts), seed=cfg.seed, k=cfg.k)
         embed = pool_embedder(self.env, policy_embedder(self.policy), print if verbose else None)  # <embedding>
         self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts, embed)
@@ -163,7 +164,7 @@ class Trainer:
                 driver = cfg.driver.model_copy(update={"carry_lag": self._carry_lag()})
                 result = collect(self.allocator, self.env, self.sampler, target_groups=self.bank.need(), driver=driver,
                                  max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, carry=self._carry,
-                                 observers=[self.verifier_health], policy_version=self.version)
+                                 observers=[self.verifier_health, self.progress], policy_version=self.version)
                 self._carry = result.carry
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
                 check_step_limit(result.stats, self.step, cfg)  # so does a step where nothing was effective
@@ -307,7 +308,7 @@ class Trainer:
         (``sara.train.evaluate``)."""
         from sara.train.evaluate import held_out_accuracy
 
-        out = held_out_accuracy(self.config, self.eval_env, self.greedy_env)
+        out = held_out_accuracy(self.config, self.eval_env, self.greedy_env, self.progress)
         if out:
             self.evals.append({"step": float(self.step), **out})
         return out
