@@ -397,3 +397,32 @@ def test_driver_stream_runs_every_cell_on_the_streaming_driver(tmp_path):
         assert steps and all(r["alloc/mean_inflight"] > 0 for r in steps), path
     table = (out / "matrix.md").read_text()
     assert "train s / eff. group" in table and "--set driver.barrier=false" in table
+
+
+def test_the_ticker_names_the_step_each_running_run_reached(tmp_path, capsys):
+    """``sara matrix``'s "running" line says where the runs in flight are (from their logs), never a finished one."""
+    import json as _json
+    import time as _time
+
+    from sara.commands.output import Ticker
+    from sara.experiments.matrix_runs import runs_in_progress
+
+    def run_dir(cell, seed, records, finished=False):
+        d = tmp_path / "cells" / cell / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in records))
+        if finished:
+            (d / "result.json").write_text("{}")
+
+    assert runs_in_progress(tmp_path) == ""
+    run_dir("grpo-ds", 0, [{"step": 0, "env/cum_rollouts": 0}, {"step": 3, "env/cum_rollouts": 1216}])
+    run_dir("grpo-sara", 0, [{"step": 2}])
+    run_dir("grpo-sara", 1, [{"step": 9}], finished=True)
+    (tmp_path / "cells" / "grpo-sara" / "seed2").mkdir()  # started, nothing logged yet
+    (tmp_path / "cells" / "grpo-sara" / "seed2" / "metrics.jsonl").write_bytes(b"\xff[[[")  # data, not code
+    assert runs_in_progress(tmp_path) == "grpo-ds seed 0: step 3, 1,216 rollouts; grpo-sara seed 0: step 2"
+    with Ticker("sara matrix", every=0.05, detail=lambda: runs_in_progress(tmp_path)):
+        _time.sleep(0.3)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("[sara matrix] running, ") for line in lines)
+    assert lines[0].endswith("; grpo-ds seed 0: step 3, 1,216 rollouts; grpo-sara seed 0: step 2")

@@ -41,7 +41,7 @@ from sara.commands.output import Ticker, claim_dir, remove_entries, write_report
 from sara.experiments.cells import parse_cells
 from sara.experiments.matrix import run_matrix
 from sara.experiments.matrix_report import format_report
-from sara.experiments.matrix_runs import PLAN_NAME, MatrixInterrupted
+from sara.experiments.matrix_runs import PLAN_NAME, MatrixInterrupted, runs_in_progress
 
 __all__ = ["register", "run", "run_matrix", "QUICK", "format_report", "parse_cells"]
 
@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         if args.overwrite:  # an unfinished matrix too (no matrix.json yet)
             remove_entries(out, MATRIX_FILES)
         every = base.eval.every if any(o.strip().startswith("eval.every") for o in args.overrides) else None
-        with Ticker("sara matrix", every=PROGRESS_EVERY_S):  # a "running" line between the finished runs' lines
+        # a "running" line between the finished runs' lines, with the step each running run has reached
+        with Ticker("sara matrix", every=PROGRESS_EVERY_S, detail=lambda: runs_in_progress(out)):
             report = run_matrix(base.model_dump(), cells, steps=steps, out_dir=out, seeds=args.seeds,
                                 workers=args.workers, eval_every=every, reference=reference,
                                 target_acc=args.target_acc, command="sara matrix " + " ".join(_argv(args)),

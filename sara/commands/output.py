@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,17 +178,18 @@ def progress(tag: str, message: str) -> None:
 
 class Ticker:
     """While the ``with`` block runs, print ``[tag] running, N s`` on stderr every ``every`` seconds (for work that
-    reports no progress itself)."""
+    reports no progress itself), followed by ``; <detail()>`` when ``detail`` gives a non-empty text."""
 
-    def __init__(self, tag: str, every: float = 10.0) -> None:
-        self.tag, self.every = tag, every
+    def __init__(self, tag: str, every: float = 10.0, detail: Callable[[], str] | None = None) -> None:
+        self.tag, self.every, self.detail = tag, every, detail
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._t0 = 0.0
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            progress(self.tag, f"running, {time.perf_counter() - self._t0:.0f} s")
+            extra = self.detail() if self.detail is not None else ""
+            progress(self.tag, f"running, {time.perf_counter() - self._t0:.0f} s" + (f"; {extra}" if extra else ""))
 
     def __enter__(self) -> Ticker:
         self._t0 = time.perf_counter()

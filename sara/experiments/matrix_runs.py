@@ -97,6 +97,26 @@ def claim_plan(out: str | Path, runs: Sequence[tuple[str, int, Mapping[str, Any]
     return 0
 
 
+def runs_in_progress(out: str | Path) -> str:
+    """``<cell> seed <s>: step N, R rollouts`` for every run under ``out/cells/<cell>/seed<s>/`` that has written a
+    record and no ``result.json`` yet, from its ``metrics.jsonl``'s last line ('' when there is none); a line that
+    does not read as a record is skipped (the file is data)."""
+    said = []
+    for log in sorted(Path(out).glob("cells/*/seed*/metrics.jsonl")):
+        if (log.parent / "result.json").exists():
+            continue
+        try:
+            tail = log.read_bytes()[-65536:].splitlines()
+            rec = json.loads(tail[-1]) if tail else None
+        except (OSError, ValueError, RecursionError, IndexError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            rollouts = rec.get("env/cum_rollouts")
+            more = f", {int(rollouts):,} rollouts" if isinstance(rollouts, (int, float)) and rollouts >= 0 else ""
+            said.append(f"{log.parent.parent.name} {log.parent.name.replace('seed', 'seed ')}: step {rec['step']}{more}")
+    return "; ".join(said)
+
+
 def finished_result(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
     """The measures a finished run left in ``<out_dir>/result.json``, or None (unfinished, or another config's)."""
     try:
