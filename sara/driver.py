@@ -71,7 +71,7 @@ class DriverConfig(SaraModel):
     of the allocator's admission rule (more probes in flight, fewer idle slots)."""
     max_rounds: int = Field(1000, ge=1, le=MAX_STEPS)
     """Synchronous rounds: stop after this many rounds (status 'max_rounds'), at most ``MAX_STEPS``."""
-    max_step_rollouts: int | None = Field(None, ge=1)
+    max_step_rollouts: int | None = Field(None, ge=1, le=10**12)
     """Both modes: the most rollouts one step may start, a bound against steps where nothing is effective (an
     always-wrong policy under ``ds`` or ``sara`` keeps drawing prompts); when it binds the step stops with status
     'max_step_rollouts'. None = ``STEP_ROLLOUTS_FACTOR`` x ``target_groups`` x k, at least ``MIN_STEP_ROLLOUTS``

@@ -86,6 +86,8 @@ def test_bench_counts_are_bounded(tmp_path, run_cli, argv, needles):
     ("optim.minibatch_rollouts", "1000000", "131072"), ("optim.microbatch_tokens", "10000000000", "1073741824"),
     ("eval.every", "2000000", "1000000"), ("driver.carry_lag", "2000000", "1000000"),
     ("driver.lookahead", "100000", "65536"), ("driver.max_rounds", "2000000", "1000000"),
+    ("driver.max_step_rollouts", "10000000000000", "1000000000000"), ("ray.max_restarts", "100000", "1000"),
+    ("ray.micro_batch", "1000000", "65536"),
 ])
 def test_train_config_counts_are_bounded(tmp_path, run_cli, key, value, bound):
     # --print-config: without the bound the command prints the config and exits 0 instead of training for days

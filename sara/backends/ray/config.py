@@ -30,8 +30,9 @@ class RayPoolConfig(SaraModel):
     """GPUs reserved per actor (1 for a vLLM engine per GPU; fractions share a GPU)."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources per actor, e.g. ``{"accelerator_type:H100": 0.001}``."""
-    max_restarts: int = Field(3, ge=0)
-    """Consecutive failures a worker may have (each followed by a restart and a retry) before the run ends."""
+    max_restarts: int = Field(3, ge=0, le=1000)
+    """Consecutive failures a worker may have (each followed by a restart and a retry) before the run ends, at most
+    1000."""
     call_timeout_s: float | None = Field(None, gt=0)
     """A generation shard still running after this many seconds counts as a failure (actor killed, restarted, shard
     retried). Starting actors and loading weights are not timed. None = wait as long as it takes."""
@@ -46,9 +47,9 @@ class RayPoolConfig(SaraModel):
     """Ray ``runtime_env`` for the actors (env vars, working dir, pip packages)."""
     log_to_driver: bool = False
     """Forward the workers' stdout/stderr to the driver (when this pool starts Ray)."""
-    micro_batch: int = Field(16, ge=1)
+    micro_batch: int = Field(16, ge=1, le=65536)
     """Streaming over a backend / env that does not stream itself: requests per batch call on each actor (that
-    actor's capacity, ``MicroBatchStream``). A backend that streams reports its own capacity (``slots``)."""
+    actor's capacity, ``MicroBatchStream``; at most 65,536). A backend that streams reports its own capacity (``slots``)."""
     stream_order: str = Field("finish", pattern="^(finish|tag)$")
     """Streaming: what one ``poll`` returns. ``finish``: every rollout finished so far, as soon as one is (lowest
     latency; which rollouts arrive together depends on timing). ``tag``: only the oldest in-flight rollout (smallest
