@@ -156,7 +156,8 @@ def test_matrix_outputs_are_written_atomically(tmp_path):
 
 
 def test_report_measures_cells_over_seeds_and_writes_table_plot_json(tmp_path):
-    from sara.experiments.matrix_report import _ci, analyze, format_report, write_outputs
+    from sara.experiments.matrix_report import analyze, format_report, write_outputs
+    from sara.experiments.saving import format_ci as _ci
 
     report = analyze(_synthetic_runs(), budget=300, eval_prompts=100, eval_samples=4)
     assert report["algos"]["grpo"]["target"] == pytest.approx(0.65)  # DS's final accuracy, mean of its seeds

@@ -23,7 +23,7 @@ from sara.experiments.curves import (
     eval_standard_errors,
     seed_measures,
 )
-from sara.experiments.saving import COST_NOTES, cell_costs, cost_lines, cost_ratios, machines
+from sara.experiments.saving import COST_NOTES, cell_costs, cost_lines, cost_ratios, format_ci, machines
 from sara.storage import atomic_write
 
 __all__ = ["MEASURES", "analyze", "format_report", "write_outputs", "plot_report"]
@@ -180,14 +180,6 @@ def _by_band(rs: Sequence[Mapping[str, Any]], at: int) -> dict[str, dict[str, fl
     return out
 
 
-def _ci(v: Mapping[str, float], fmt: str, prefix: str = "") -> str:
-    mean, half = v["mean"], v["half"]
-    if mean is None or not math.isfinite(mean):
-        return "—"
-    text = prefix + format(mean, fmt)
-    return text if half is None or not math.isfinite(half) else f"{text} ± {format(half, fmt)}"
-
-
 def _ratio(ratio: float | None, censored: bool, half: float | None = None) -> str:
     if ratio is None or not math.isfinite(ratio):
         return "—"
@@ -235,13 +227,13 @@ def format_report(report: Mapping[str, Any]) -> str:
             censored = a["reached"] < a["n"] or ref_censored[algo]
             name = f"**{c['cell']}** (ref)" if c["is_reference"] else c["cell"]
             spent = [x for key, fmt in zip(MEASURES, (",.0f", ",.0f", ".1f"))
-                     for x in (_ci(a[f"{key}_to_target"], fmt, cens),
+                     for x in (format_ci(a[f"{key}_to_target"], fmt, cens),
                                _ratio(a[f"{key}_ratio"], censored, a.get(f"{key}_ratio_half")))]
             lines.append(" | ".join([
-                f"| {name}", _ci(a["final_acc"], ".3f"), *(_ci(a["acc_at"][str(f)], ".3f") for f in fr),
-                _ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", *spent,
-                _ci(a["wall_s_per_effective_group"], "#.3g"),
-                f"{a['rollouts_per_effective_group']:.1f}", _ci(a["steps"], ".1f"), f"{a['effective_fraction']:.2f} |"]))
+                f"| {name}", format_ci(a["final_acc"], ".3f"), *(format_ci(a["acc_at"][str(f)], ".3f") for f in fr),
+                format_ci(a["auc"], ".3f"), f"{a['reached']}/{a['n']}", *spent,
+                format_ci(a["wall_s_per_effective_group"], "#.3g"),
+                f"{a['rollouts_per_effective_group']:.1f}", format_ci(a["steps"], ".1f"), f"{a['effective_fraction']:.2f} |"]))
         lines += cost_lines(report, algo)
         rows = [(c["cell"], c["aggregate"].get("phases")) for c in report["cells"] if c["algo"] == algo]
         if all(ph is not None for _, ph in rows):
@@ -271,8 +263,8 @@ def format_report(report: Mapping[str, Any]) -> str:
             lines += ["", "Final held-out accuracy per band (`eval.by`: a mixture's components, else prompt-length "
                       "bands); start: before training, all runs:", "",
                       "| cell | " + " | ".join(start) + " |", "|---" * (len(start) + 1) + "|",
-                      "| start | " + " | ".join(_ci(v, ".3f") for v in start.values()) + " |"]
-            lines += [f"| {cell} | " + " | ".join(_ci(b[k], ".3f") for k in start) + " |" for cell, b in bands]
+                      "| start | " + " | ".join(format_ci(v, ".3f") for v in start.values()) + " |"]
+            lines += [f"| {cell} | " + " | ".join(format_ci(b[k], ".3f") for k in start) + " |" for cell, b in bands]
     lines += ["", "How the columns are computed:",
               "- acc @X%: held-out accuracy (sampled at the training temperature) read off the run's accuracy vs "
               "cumulative rollouts curve at X% of the budget, linear between evaluations; final acc: the last "

@@ -19,7 +19,7 @@ import numpy as np
 from sara.bench.summary import ratio_interval, t_interval
 from sara.experiments.curves import crossing_index
 
-__all__ = ["COSTS", "cell_costs", "cost_ratios", "machines", "cost_lines", "COST_NOTES"]
+__all__ = ["COSTS", "cell_costs", "cost_ratios", "machines", "cost_lines", "COST_NOTES", "format_ci"]
 
 COSTS = ("effective_groups_to_target", "rollouts_per_effective_group", "tokens_per_effective_group",
          "acc_gain_per_100_effective_groups", "generation_share")
@@ -96,7 +96,8 @@ def machines(rs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return out
 
 
-def _fmt(v: Mapping[str, float], fmt: str, prefix: str = "") -> str:
+def format_ci(v: Mapping[str, float], fmt: str, prefix: str = "") -> str:
+    """``mean ± half`` of a ``{"mean", "half"}`` interval in ``fmt`` (``—`` when there is no finite mean)."""
     mean, half = v["mean"], v["half"]
     if mean is None or not math.isfinite(mean):
         return "—"
@@ -119,11 +120,11 @@ def cost_lines(report: Mapping[str, Any], algo: str) -> list[str]:
         r, half = k.get("effective_groups_to_target_ratio"), k.get("effective_groups_to_target_ratio_half")
         ratio = "—" if r is None or not math.isfinite(r) else f"{r:.2f}" + (
             f" ± {half:.2f}" if half is not None and math.isfinite(half) else "")
-        lines.append(f"| {c['cell']} | {_fmt(k['effective_groups_to_target'], ',.1f', cens)} | {ratio} "
-                     f"| {_fmt(k['rollouts_per_effective_group'], '.1f')} "
-                     f"| {_fmt(k['tokens_per_effective_group'], ',.0f')} "
-                     f"| {_fmt(k['acc_gain_per_100_effective_groups'], '.3f')} "
-                     f"| {_fmt(k['generation_share'], '.2f')} |")
+        lines.append(f"| {c['cell']} | {format_ci(k['effective_groups_to_target'], ',.1f', cens)} | {ratio} "
+                     f"| {format_ci(k['rollouts_per_effective_group'], '.1f')} "
+                     f"| {format_ci(k['tokens_per_effective_group'], ',.0f')} "
+                     f"| {format_ci(k['acc_gain_per_100_effective_groups'], '.3f')} "
+                     f"| {format_ci(k['generation_share'], '.2f')} |")
     kinds = [(c["cell"], c["aggregate"].get("machines") or {}) for c in cells]
     if any(set(m) - {"not recorded"} for _, m in kinds):
         lines += ["", "Seeds by machine:", "", "| cell | seeds | machines (seeds) |", "|---|---|---|"]
