@@ -90,3 +90,19 @@ def run_cli(capsys):
         return rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
     return run
+
+
+@pytest.fixture
+def memory_cap():
+    """Address space capped at what the process maps now plus 2 GiB, for the test's duration."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    cap = vm + 2 * (1 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

@@ -8,33 +8,10 @@ an address-space limit), never by running for hours."""
 
 from __future__ import annotations
 
-import resource
-
 import pytest
+from test_hardening_bounds import _one_line  # the one-line error check (memory_cap: conftest.py)
 
 from sara.integrations.verl_task import main as verl_task_main
-
-GiB = 1 << 30
-
-
-def _one_line(rc: int, err: list[str], *needles: str) -> None:
-    assert rc == 2 and len(err) == 1 and err[0].startswith("sara: error: "), (rc, err)
-    for needle in needles:
-        assert needle in err[0], (needle, err[0])
-
-
-@pytest.fixture
-def memory_cap():
-    """Address space capped at what the process maps now plus 2 GiB, for the test's duration."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    cap = vm + 2 * GiB
-    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 # ------------------------------------------------------------------------------------------ sara matrix
