@@ -26,7 +26,7 @@ import dataclasses
 import itertools
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -155,7 +155,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         while not stop:
             if len(st.committed) >= target_groups:
                 waiting = _unfinished(allocator, st, cfg.carry_lag) if cfg.complete_groups else ()
-                if len(waiting) == 0 or not run.fill(waiting, cap, limit):
+                if len(waiting) == 0 or not run.fill(cast(np.ndarray, waiting), cap, limit):
                     stop = "target_reached"
                 continue
             budget = limit - run.started

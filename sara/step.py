@@ -58,7 +58,7 @@ class WrongAbandons(CollectObserver):
     seeds the driver would have used.
     """
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: object) -> None:
         if not isinstance(env, Counterfactual):
             raise ConfigError(f"WrongAbandons: field 'env': {type(env).__name__} has no counterfactual_mixed "
                               "(only simulators can tell what an abandoned group would have been)")

@@ -18,7 +18,7 @@ that names the right spec). ``"module:attr"`` names a user class without registe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -71,6 +71,9 @@ ALLOCATORS: Registry[type[BudgetAllocator]] = Registry(
     "allocator", accepts=subclass_of(BudgetAllocator), expects="a sara.allocators.BudgetAllocator subclass")
 register = ALLOCATORS.register
 
+_A = TypeVar("_A", bound=BudgetAllocator)
+_S = TypeVar("_S")
+
 register("uniform", UniformAllocator)
 register("ds", DynamicSamplingAllocator)
 register("sara", SARAAllocator)
@@ -117,7 +120,7 @@ class WeighsBatch(Protocol):
     def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None: ...
 
 
-def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defaults: Any) -> BudgetAllocator:
+def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defaults: object) -> BudgetAllocator:
     """Build an allocator from a spec string ``"name"`` / ``"name:key=value,..."`` / ``"module:Class:key=value"``.
 
     Args:
@@ -148,8 +151,8 @@ def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defau
     return cls(merged)
 
 
-def compose(allocator: BudgetAllocator, sampler: Any, prompts: Sequence[Prompt] | None = None,
-            embed: Callable[[], np.ndarray] | None = None) -> tuple[BudgetAllocator, Any]:
+def compose(allocator: _A, sampler: _S, prompts: Sequence[Prompt] | None = None,
+            embed: Callable[[], np.ndarray] | None = None) -> tuple[_A, _S]:
     """Wire an allocator to the sampler it runs with: the one place where the two are composed.
 
     A sampler that keeps per-prompt posteriors (``HistorySource``: the predictive sampler) lends them to an allocator

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from sara.units import UnitTable
+
 __all__ = ["CommitPaths", "record_probe"]
 
 # Per-unit path columns in ``UnitTable.extra``.
@@ -45,14 +47,14 @@ MIXED_AT = "mixed_at"  # probing round in which the prefix became mixed (0: neve
 ENTER, DEC, DCOM, NEXT, MIX = range(5)
 
 
-def _column(table: Any, key: str) -> np.ndarray:
+def _column(table: UnitTable, key: str) -> np.ndarray:
     col = table.extra.get(key)
     if col is None:
         col = table.extra[key] = np.zeros(len(table), np.int64)
     return col
 
 
-def record_probe(table: Any, probed: np.ndarray, mixed: np.ndarray) -> None:
+def record_probe(table: UnitTable, probed: np.ndarray, mixed: np.ndarray) -> None:
     """After a probing round: ``probed`` unit ids (their ``probes`` already counted), ``mixed`` their prefixes' state.
 
     The side of an identical prefix is that of its value (``>= 0.5``: the succeeding side; exact for binary rewards,
@@ -84,7 +86,7 @@ class CommitPaths:
 
     # ---- counting --------------------------------------------------------------------------------------------------
     @staticmethod
-    def counts(table: Any, probing: np.ndarray, won: np.ndarray) -> np.ndarray:
+    def counts(table: UnitTable, probing: np.ndarray, won: np.ndarray) -> np.ndarray:
         """``[5, 3, depth]`` counts of one step's units; ``probing`` / ``won``: bool per unit, still probing /
         committed (or committed and filling)."""
         probes = np.asarray(table.probes, np.int64)
@@ -117,7 +119,10 @@ class CommitPaths:
 
     def _pooled(self, current: np.ndarray) -> np.ndarray:
         size = max(current.shape[2], self.hist.shape[2])
-        pad = lambda a: np.pad(a, ((0, 0), (0, 0), (0, size - a.shape[2])))  # noqa: E731
+
+        def pad(a: np.ndarray) -> np.ndarray:
+            return np.pad(a, ((0, 0), (0, 0), (0, size - a.shape[2])))
+
         return pad(current) + self.hist_units * pad(self.hist)
 
     # ---- estimates ---------------------------------------------------------------------------------------------
@@ -142,7 +147,7 @@ class CommitPaths:
         q_fresh = c[MIX, 0, 0] / e0 + sum(c[ENTER, o, 1] / e0 * q_enter[o, 1] for o in (1, 2))
         return float(np.clip(q_fresh, 0.0, 1.0)), np.clip(q_cont, 0.0, 1.0)
 
-    def estimate(self, table: Any, probing: np.ndarray, won: np.ndarray) -> tuple[float, np.ndarray]:
+    def estimate(self, table: UnitTable, probing: np.ndarray, won: np.ndarray) -> tuple[float, np.ndarray]:
         """``(p_fresh, q)``: P(commit) of a fresh unit, and of each unit now probing (``q[i]`` for the i-th probing
         unit in id order, given its path so far); ``probing`` / ``won`` as in ``counts``."""
         p_fresh, q_cont = self._solve(self._pooled(self.counts(table, probing, won)))
@@ -156,7 +161,7 @@ class CommitPaths:
         """P(commit) of a fresh unit from the history alone (what the next step starts from)."""
         return self._solve(self.hist)[0] if self.hist[ENTER, 0, 0] > 0 else self.tail
 
-    def end_step(self, table: Any, probing: np.ndarray, won: np.ndarray) -> None:
+    def end_step(self, table: UnitTable, probing: np.ndarray, won: np.ndarray) -> None:
         """Fold a finished step in (call before its open units are closed: they are censored, not failures)."""
         c = self.counts(table, probing, won)
         if c[ENTER, 0, 0] <= 0:
@@ -166,7 +171,10 @@ class CommitPaths:
             self.hist = c
             return
         size = max(c.shape[2], self.hist.shape[2])
-        pad = lambda a: np.pad(a, ((0, 0), (0, 0), (0, size - a.shape[2])))  # noqa: E731
+
+        def pad(a: np.ndarray) -> np.ndarray:
+            return np.pad(a, ((0, 0), (0, 0), (0, size - a.shape[2])))
+
         self.hist = self.decay * pad(self.hist) + (1.0 - self.decay) * pad(c)
 
     # ---- state ---------------------------------------------------------------------------------------------

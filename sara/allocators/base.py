@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import Field
 
 from sara.allocators.boundary import ProtocolError, as_count, as_ids, check_rewards, check_same_length
@@ -66,7 +67,7 @@ class BudgetAllocator(ABC):
     carries_over: ClassVar[bool] = True
     """Whether open units can be handed to the next step (``carry_out`` / ``carry_in``; ``DriverConfig.carry_lag``)."""
 
-    def __init__(self, config: AllocatorConfig | Mapping[str, Any] | None = None, **overrides: Any) -> None:
+    def __init__(self, config: AllocatorConfig | Mapping[str, Any] | None = None, **overrides: object) -> None:
         if config is None or isinstance(config, Mapping):
             data = dict(config or {})
             data.update(overrides)
@@ -102,7 +103,7 @@ class BudgetAllocator(ABC):
     def _who(self, method: str) -> str:
         return f"allocator {self.name!r} ({type(self).__name__}).{method}"
 
-    def _ids(self, unit_ids: np.ndarray, method: str) -> np.ndarray:
+    def _ids(self, unit_ids: np.ndarray, method: str) -> npt.NDArray[np.int64]:
         """``unit_ids`` checked to be ids of this step's units."""
         return as_ids(unit_ids, self._who(method), "unit_ids", below=len(self.units))
 

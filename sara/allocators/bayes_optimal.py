@@ -166,7 +166,7 @@ class BayesOptimalAllocator(SequentialAllocator):
     config: BayesOptimalConfig
 
     def __init__(self, config: BayesOptimalConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: Any) -> None:
+                 **overrides: object) -> None:
         super().__init__(config, prior=prior, **overrides)
         if prior is None and self.config.prior == "empirical":
             self.prior = EmpiricalBayesPrior(self.config.alpha0, self.config.beta0)

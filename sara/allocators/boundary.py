@@ -9,10 +9,11 @@ different lengths or a unit id that is not one of the step's units. A rejected c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sized
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from sara.config import SaraError
 
@@ -24,7 +25,7 @@ class ProtocolError(SaraError, ValueError):
     names the allocator, the method and the rollout."""
 
 
-def _array(values: Any, who: str, what: str) -> np.ndarray:
+def _array(values: npt.ArrayLike, who: str, what: str) -> np.ndarray:
     try:
         arr = np.asarray(values)
     except (TypeError, ValueError) as exc:
@@ -34,7 +35,7 @@ def _array(values: Any, who: str, what: str) -> np.ndarray:
     return arr
 
 
-def as_ids(values: Any, who: str, what: str, *, below: int | None = None) -> np.ndarray:
+def as_ids(values: npt.ArrayLike, who: str, what: str, *, below: int | None = None) -> npt.NDArray[np.int64]:
     """``values`` as a 1-D ``int64`` array of whole numbers ``>= 0`` (and ``< below`` when given).
 
     Raises:
@@ -64,7 +65,7 @@ def as_ids(values: Any, who: str, what: str, *, below: int | None = None) -> np.
     return out
 
 
-def as_count(value: Any, who: str, what: str) -> int:
+def as_count(value: object, who: str, what: str) -> int:
     """``value`` as an ``int >= 0`` (a whole number, not a bool).
 
     Raises:
@@ -73,12 +74,13 @@ def as_count(value: Any, who: str, what: str) -> int:
     ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     if not ok and isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():
         ok = True
-    if not ok or value < 0:
+    number = cast("int | float | np.integer | np.floating", value)  # when ok
+    if not ok or number < 0:
         raise ProtocolError(f"{who}: {what} must be a whole number >= 0, got {value!r}")
-    return int(value)
+    return int(number)
 
 
-def check_same_length(who: str, **arrays: Sequence[Any] | np.ndarray | None) -> None:
+def check_same_length(who: str, **arrays: Sized | None) -> None:
     """Every given (not None) array has the same length.
 
     Raises:
@@ -90,7 +92,8 @@ def check_same_length(who: str, **arrays: Sequence[Any] | np.ndarray | None) -> 
         raise ProtocolError(f"{who}: the arrays must have one entry per delivered rollout ({shown})")
 
 
-def check_rewards(values: Any, who: str, bounds: tuple[float, float], where: Any) -> np.ndarray:
+def check_rewards(values: npt.ArrayLike, who: str, bounds: tuple[float, float], where: Callable[[int], str]
+                  ) -> npt.NDArray[np.float64]:
     """``values`` as 1-D ``float64`` rewards, each finite and inside ``bounds`` (inclusive).
 
     Args:

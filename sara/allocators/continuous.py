@@ -24,7 +24,7 @@ The simulator with continuous rewards is ``sara.envs.sim.continuous.make_continu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -62,7 +62,7 @@ class ContinuousEffectiveness(EffectivenessModel):
 
     def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
         rng = table.rmax[idx] - table.rmin[idx]
-        return (table.n[idx] >= 2) & (rng > max(eps, self.eps) * np.sqrt(2.0 * self.k))
+        return cast(np.ndarray, (table.n[idx] >= 2) & (rng > max(eps, self.eps) * np.sqrt(2.0 * self.k)))
 
     def p_effective(self, table: UnitTable, idx: np.ndarray, k: int) -> np.ndarray:
         n = table.n[idx].astype(np.float64)
@@ -139,7 +139,7 @@ class ContinuousSARAAllocator(SARAPaperAllocator):
     config: ContinuousConfig
 
     def __init__(self, config: ContinuousConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: Any) -> None:
+                 **overrides: object) -> None:
         super().__init__(config, prior=prior, **overrides)
         self._build_model()
 

@@ -5,6 +5,7 @@ own (``sara.allocators.continuous``, ``sara.allocators.tree``), nothing else cha
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import cast
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class BinaryEffectiveness(EffectivenessModel):
     reward_range = (0.0, 1.0)
 
     def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
-        return (table.rmax[idx] - table.rmin[idx]) > eps
+        return cast(np.ndarray, (table.rmax[idx] - table.rmin[idx]) > eps)
 
     def p_effective(self, table: UnitTable, idx: np.ndarray, k: int) -> np.ndarray:
         a = table.prior.get("alpha0", np.ones(len(table)))[idx]

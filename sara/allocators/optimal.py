@@ -19,6 +19,8 @@ never worse than DS (never abandoning is one of the rules it chooses from). The 
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from sara.priors.grid import GridPrior, grid_loglik, p_mixed_given
@@ -192,4 +194,4 @@ def drain_decisions(base: GridPrior, units: UnitView, rho: float) -> np.ndarray:
     n = np.minimum(units.n, k).astype(np.float64)
     s = np.clip(np.rint(units.s), 0, n)
     w = base.group_weights()[base.unit_groups(table.pool_index[units.ids])]
-    return (k - n) < rho * p_mixed_given(w, base.grid, n, s, k, hs, hf)
+    return cast(np.ndarray, (k - n) < rho * p_mixed_given(w, base.grid, n, s, k, hs, hf))

@@ -51,7 +51,7 @@ class SARAPaperAllocator(SARABase):
     """COMMIT a mixed prefix (or one with p_eff >= tau_high); ABANDON when p_eff < tau_low; else CONTINUE."""
 
     name = "sara_paper"
-    Config = SARAPaperConfig
+    Config: ClassVar[type[SARAPaperConfig]] = SARAPaperConfig
     config: SARAPaperConfig
     default_prior: ClassVar[PriorKind] = "constant"
 

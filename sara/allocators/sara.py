@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -38,6 +38,7 @@ __all__ = ["PriorOptions", "SARAAllocator", "SARABase", "SARAConfig", "reject_ru
 PriorKind = Literal["constant", "empirical", "history"]
 AUTO = "auto"
 """``group_by=auto``: the split is learned from the prompts' features (``sara.priors.features``)."""
+_T = TypeVar("_T")
 
 
 class PriorOptions(SequentialConfig):
@@ -56,7 +57,7 @@ class PriorOptions(SequentialConfig):
     step sees when the policy has moved (lower under fast drift)."""
 
 
-def reject_rule_option(data: Any, name: str) -> Any:
+def reject_rule_option(data: _T, name: str) -> _T:
     """A ``rule=`` option is an error: the registered name is the rule."""
     if isinstance(data, Mapping) and "rule" in data:
         raise ValueError(f"allocator {name!r}: field 'rule': the name is the rule ('sara' = the optimal rule, "
@@ -142,7 +143,7 @@ class SARABase(SequentialAllocator):
     default_prior: ClassVar[PriorKind] = "empirical"
 
     def __init__(self, config: PriorOptions | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: Any) -> None:
+                 **overrides: object) -> None:
         super().__init__(config, prior=prior, **overrides)
         self.prior_kind: PriorKind = self.config.prior or self.default_prior
         if prior is None:
@@ -174,7 +175,7 @@ class SARAAllocator(SARABase):
     config: SARAConfig
 
     def __init__(self, config: SARAConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: Any) -> None:
+                 **overrides: object) -> None:
         super().__init__(config, prior=prior, **overrides)
         self._rule = RuleCache()
 
@@ -267,10 +268,10 @@ class SARAAllocator(SARABase):
             return None
         w = np.repeat(base.composition_weights(self.k)[base.unit_groups(np.asarray(pool_index, np.int64))], sizes)
         w = np.minimum(w / w.mean(), self.config.max_weight)
-        return w / w.mean()
+        return cast(np.ndarray, w / w.mean())
 
     def _population(self) -> GridPrior:
-        return population_of(self.prior)  # type: ignore[return-value]
+        return cast(GridPrior, population_of(self.prior))  # the rule reads a grid (make_prior builds one)
 
     def drain(self, units: UnitView) -> np.ndarray:
         """Finish the units in flight whose remaining rollouts buy effective groups below the optimum."""
@@ -293,5 +294,7 @@ class SARAAllocator(SARABase):
 def _has_key(prompts: Sequence[Prompt], key: str, probes: int = 64) -> bool:
     """Whether prompts carry ``key``, judged on up to ``probes`` evenly spaced ones (simulated pools are lazy and can
     hold millions)."""
-    at = np.unique(np.linspace(0, len(prompts) - 1, min(probes, len(prompts))).astype(np.int64)) if len(prompts) else []
+    at: np.ndarray | list[int] = (
+        np.unique(np.linspace(0, len(prompts) - 1, min(probes, len(prompts))).astype(np.int64))
+        if len(prompts) else [])
     return any(key in prompts[int(i)].metadata for i in at)

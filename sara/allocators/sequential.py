@@ -21,8 +21,8 @@ filled cover the target, nothing is probed any more: the units ``drain`` selects
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -86,22 +86,28 @@ class SequentialConfig(AllocatorConfig):
         return v
 
 
+class MakesCommitPaths(Protocol):
+    """``SequentialAllocator.commit_paths``: ``CommitPaths`` itself, or e.g. a ``functools.partial`` of it."""
+
+    def __call__(self) -> CommitPaths: ...
+
+
 class SequentialAllocator(BudgetAllocator):
     """Template for sequential stopping rules (see the module docstring): override ``decide`` (and optionally
     ``drain``)."""
 
     name = "sequential"
-    Config = SequentialConfig
+    Config: ClassVar[type[SequentialConfig]] = SequentialConfig
     config: SequentialConfig
     model: EffectivenessModel = BinaryEffectiveness()
-    commit_paths: ClassVar[Callable[[], CommitPaths]] = CommitPaths
+    commit_paths: ClassVar[MakesCommitPaths] = CommitPaths
     """Builds the P(commit) estimator behind ``oversample='auto'``. Its constants (``CommitPaths``' ``hist_units``,
     ``tail``, ``decay``) are fixed on purpose, not config fields: they only size admission (how many units are in flight,
     hence surplus and rounds per step), never a commit / abandon decision, and the defaults held on every population we
     measured. A subclass that wants others sets e.g. ``commit_paths = functools.partial(CommitPaths, tail=0.3)``."""
 
     def __init__(self, config: SequentialConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: Any) -> None:
+                 **overrides: object) -> None:
         super().__init__(config, **overrides)
         self.prior: Prior = prior if prior is not None else ConstantPrior(self.config.alpha0, self.config.beta0)
         self._paths = self.commit_paths()  # P(commit) of fresh and in-flight units, sizes oversample='auto'
@@ -132,7 +138,7 @@ class SequentialAllocator(BudgetAllocator):
     def probe_size(self, unit_ids: np.ndarray) -> np.ndarray:
         """Rollouts each probing unit gets in its current probe (its probe-schedule entry)."""
         sched = np.asarray(self.config.probe, np.int64)
-        return sched[np.minimum(self.units.probes[unit_ids], len(sched) - 1)]
+        return cast(np.ndarray, sched[np.minimum(self.units.probes[unit_ids], len(sched) - 1)])
 
     def demand(self) -> tuple[np.ndarray, np.ndarray]:
         """Filling units: the rest of their group; probing units: their probe, or, once the target is covered, all
@@ -170,7 +176,7 @@ class SequentialAllocator(BudgetAllocator):
 
     def _won(self) -> np.ndarray:
         st = self.units.status
-        return (st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING)
+        return cast(np.ndarray, (st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING))
 
     def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         u, k, eps = self.units, self.k, self.config.eps

@@ -33,7 +33,8 @@ simulator is ``sara.envs.sim.tree.TreeSimulatedEnv``, text backends use ``sara.e
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -43,6 +44,7 @@ from sara.allocators.boundary import ProtocolError
 from sara.allocators.effectiveness import EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
 from sara.handles import format_handle, parse_handle
+from sara.priors.base import Prior
 from sara.priors.posteriors import log_p_all_fail, log_p_all_succeed
 from sara.units import UnitStatus, UnitTable
 
@@ -60,7 +62,7 @@ def effective_size(n: ArrayLike, branches: int, rho: float) -> np.ndarray:
 def effective_size_of(leaves: ArrayLike, rho: float) -> np.ndarray:
     """Design-effect size of a tree with ``leaves[..., c]`` leaves under branch c: sum of ``m / (1 + (m - 1) rho)``."""
     m = np.asarray(leaves, np.float64)
-    return np.sum(np.where(m > 0, m / (1.0 + np.maximum(m - 1.0, 0.0) * rho), 0.0), axis=-1)
+    return cast(np.ndarray, np.sum(np.where(m > 0, m / (1.0 + np.maximum(m - 1.0, 0.0) * rho), 0.0), axis=-1))
 
 
 def water_fill(leaves: ArrayLike, extra: ArrayLike) -> np.ndarray:
@@ -81,7 +83,7 @@ def water_fill(leaves: ArrayLike, extra: ArrayLike) -> np.ndarray:
     out = np.maximum(m, lev)
     left = (r[..., 0] - np.sum(out - m, axis=-1)).astype(np.int64)  # < number of branches at the level
     bump = (np.cumsum(out == lev, axis=-1) <= left[..., None]) & (out == lev)
-    return out + bump
+    return cast(np.ndarray, out + bump)
 
 
 class TreeEffectiveness(EffectivenessModel):
@@ -98,7 +100,7 @@ class TreeEffectiveness(EffectivenessModel):
         self.leaves: np.ndarray | None = None
 
     def is_mixed(self, table: UnitTable, idx: np.ndarray, eps: float) -> np.ndarray:
-        return (table.rmax[idx] - table.rmin[idx]) > eps
+        return cast(np.ndarray, (table.rmax[idx] - table.rmin[idx]) > eps)
 
     def shapes(self, table: UnitTable, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Leaves per branch now and after the fill to k, ``[len(idx), branches]`` each."""
@@ -122,7 +124,7 @@ class TreeEffectiveness(EffectivenessModel):
         # Unmixed prefixes only reach here: s == 0 (all fail) or s == n (all succeed), both possible when n == 0.
         lf = log_p_all_fail(n_eff, np.where(s == 0, 0.0, 1.0), k_eff, a, b)
         ls = log_p_all_succeed(n_eff, np.where(s == n, n_eff, s_eff - 1.0), k_eff, a, b)
-        return np.clip(1.0 - np.exp(lf) - np.exp(ls), 0.0, 1.0)
+        return cast(np.ndarray, np.clip(1.0 - np.exp(lf) - np.exp(ls), 0.0, 1.0))
 
 
 class TreeConfig(SARAPaperConfig):
@@ -159,10 +161,12 @@ class TreeSARAAllocator(SARAPaperAllocator):
     name = "sara_tree"
     Config = TreeConfig
     config: TreeConfig
+    model: TreeEffectiveness
     carries_over = False  # per-node state does not travel with a carried unit
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
+    def __init__(self, config: TreeConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
+                 **overrides: object) -> None:
+        super().__init__(config, prior=prior, **overrides)
         self._reset_nodes()
 
     def _reset_nodes(self) -> None:
@@ -175,10 +179,10 @@ class TreeSARAAllocator(SARAPaperAllocator):
         self.node_of = np.zeros((0, k), np.int64)  # branch node of the tree's j-th leaf (-1: not dispatched)
         self.opens_of = np.zeros((0, k), bool)  # whether that leaf opens its branch
         self.dispatched = np.zeros(0, np.int64)
-        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 3  # type: ignore[assignment]
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 3
         self.model.leaves = self.leaves
 
-    def load_state_dict(self, state: Any) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self._reset_nodes()
 
@@ -293,7 +297,7 @@ class TreeSARAAllocator(SARAPaperAllocator):
 
     def node_shape(self, unit_id: int) -> list[int]:
         """Leaves under each opened branch node of a tree (for inspection and tests)."""
-        return self.leaves[unit_id, : self.opened[unit_id]].tolist()
+        return cast(list[int], self.leaves[unit_id, : self.opened[unit_id]].tolist())
 
 
 def _rank_within(ids: np.ndarray) -> np.ndarray:

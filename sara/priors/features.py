@@ -20,17 +20,20 @@ sampler), as with any population prior.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from sara.priors.base import Reweight
-from sara.priors.grid import GridPrior, grid_loglik
-from sara.priors.grouped import GroupedGridPrior, metadata_values, value_codes
+from sara.priors.grid import GridOptions, GridPrior, grid_loglik
+from sara.priors.grouped import GroupedGridPrior, GroupedStart, metadata_values, value_codes
 from sara.types import Prompt
 from sara.units import UnitTable
 
-__all__ = ["FeatureGroupedPrior", "feature_splits", "prompt_length", "quantile_bins",
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["FeatureGroupedPrior", "FeatureStart", "feature_splits", "prompt_length", "quantile_bins",
            "MAX_CATEGORIES", "NUMERIC_BINS", "LENGTH", "EMBEDDING"]
 
 MAX_CATEGORIES = 32
@@ -43,6 +46,13 @@ LENGTH = "<length>"
 EMBEDDING = "<embedding>"
 """``group_by=<embedding>``: groups are bands of a success rate predicted from the policy's representation of each
 prompt (``sara.priors.representation``)."""
+
+
+class FeatureStart(GroupedStart, total=False):
+    """``FeatureGroupedPrior.like``'s options (the fitting options come from the base)."""
+
+    decay: float
+    margin: float
 POPULATION = "none"
 """The candidate name of one population (no split); a metadata key of that name is no candidate."""
 SCAN_LIMIT = 2_000_000
@@ -114,7 +124,7 @@ class FeatureGroupedPrior(GridPrior):
     arithmetic pools of docs/results.md, "Allocation rules in training")."""
 
     def __init__(self, splits: Mapping[str, np.ndarray], *, decay: float = 0.9, margin: float = 3.0,
-                 shrink: float = 16.0, **kwargs: Any) -> None:
+                 shrink: float = 16.0, **kwargs: Unpack[GridOptions]) -> None:
         super().__init__(**kwargs)
         self.names = [POPULATION, *splits]
         labels = [np.zeros(max((len(v) for v in splits.values()), default=0), np.int64), *splits.values()]
@@ -125,7 +135,8 @@ class FeatureGroupedPrior(GridPrior):
         self._frozen = [c.group_weights().copy() for c in self.candidates]  # each fit as the running step began
 
     @classmethod
-    def like(cls, base: GridPrior, splits: Mapping[str, np.ndarray], **kwargs: Any) -> FeatureGroupedPrior:
+    def like(cls, base: GridPrior, splits: Mapping[str, np.ndarray], **kwargs: Unpack[FeatureStart]
+             ) -> FeatureGroupedPrior:
         """A feature-grouped prior with ``base``'s options and starting weights."""
         out = cls(splits, fit=base.fit, window=base.window, min_units=base.min_units, refit_growth=base.refit_growth,
                   smoothing=base.smoothing, **kwargs)

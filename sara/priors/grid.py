@@ -11,17 +11,34 @@ a unit's prior) multiplies the grid weights by that prompt's likelihood (``p_mix
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
 from sara.priors.base import Prior
 from sara.units import UnitTable
 
-__all__ = ["GRID_POINTS", "GridPrior", "beta_on_grid", "count_pairs", "em_weights", "grid_loglik", "grid_posterior",
-           "p_mixed_given"]
+__all__ = ["GRID_POINTS", "GridOptions", "GridPrior", "GridStart", "beta_on_grid", "count_pairs", "em_weights",
+           "grid_loglik", "grid_posterior", "p_mixed_given"]
 
 GRID_POINTS = 65
+
+
+class GridStart(TypedDict, total=False):
+    """The Beta a ``GridPrior`` starts from: options a prior built ``like`` a base does not copy from it."""
+
+    alpha0: float
+    beta0: float
+
+
+class GridOptions(GridStart, total=False):
+    """``GridPrior``'s options, as the priors built on it pass them on (``**kwargs: Unpack[GridOptions]``)."""
+
+    fit: bool
+    window: int
+    min_units: int
+    refit_growth: float
+    smoothing: float
 
 
 def _grid(points: int = GRID_POINTS) -> np.ndarray:
@@ -34,7 +51,7 @@ def beta_on_grid(alpha0: float, beta0: float, grid: np.ndarray) -> np.ndarray:
 
     edges = np.concatenate([[0.0], (grid[1:] + grid[:-1]) / 2, [1.0]])
     w = np.diff(betainc(alpha0, beta0, edges))
-    return w / w.sum()
+    return cast(np.ndarray, w / w.sum())
 
 
 def grid_loglik(grid: np.ndarray, s: np.ndarray, f: np.ndarray) -> np.ndarray:
@@ -42,7 +59,7 @@ def grid_loglik(grid: np.ndarray, s: np.ndarray, f: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         lg, l1g = np.log(grid), np.log1p(-grid)
         out = np.where(s[:, None] > 0, s[:, None] * lg[None], 0.0) + np.where(f[:, None] > 0, f[:, None] * l1g[None], 0.0)
-    return out
+    return cast(np.ndarray, out)
 
 
 def count_pairs(ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +82,7 @@ def em_weights(grid: np.ndarray, ns: np.ndarray, start: np.ndarray, prior: np.nd
     pseudo-counts ``prior [G]`` (the sequence likelihood ignores when a unit was stopped: optional stopping is fine).
     ``counts``: a weight per row (default: one unit each)."""
     if not len(ns):
-        return prior / prior.sum()
+        return cast(np.ndarray, prior / prior.sum())
     if counts is None:
         pairs, counts = count_pairs(ns)
     else:
@@ -183,7 +200,7 @@ def grid_posterior(weights: np.ndarray, grid: np.ndarray, s: np.ndarray, f: np.n
     grid mixtures ``weights`` (``[G]``, or one row per prompt)."""
     ll = grid_loglik(grid, np.asarray(s, np.float64), np.asarray(f, np.float64))
     post = np.atleast_2d(weights) * np.exp(ll - ll.max(1, keepdims=True))
-    return post / np.maximum(post.sum(1, keepdims=True), 1e-300)
+    return cast(np.ndarray, post / np.maximum(post.sum(1, keepdims=True), 1e-300))
 
 
 def p_mixed_given(weights: np.ndarray, grid: np.ndarray, n: np.ndarray, s: np.ndarray, k: int,

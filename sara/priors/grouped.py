@@ -18,20 +18,36 @@ sampler drew (Dinkelbach over the sum). Units are mapped to groups by pool index
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from sara.config import ConfigError
 from sara.priors.base import Prior, Reweight, population_of
-from sara.priors.grid import GridPrior, em_weights
+from sara.priors.grid import GridOptions, GridPrior, GridStart, em_weights
 from sara.types import Prompt
 from sara.units import UnitTable
 
-__all__ = ["GroupedGridPrior", "group_labels", "metadata_values", "prompt_groups", "value_codes", "MAX_GROUPS"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["GroupedGridPrior", "GroupedOptions", "GroupedStart", "group_labels", "metadata_values",
+           "prompt_groups", "value_codes", "MAX_GROUPS"]
 
 MAX_GROUPS = 256
 """More distinct values than this is a ConfigError: a per-group fit needs data per group."""
+
+
+class GroupedStart(GridStart, total=False):
+    """``GroupedGridPrior.like``'s options (the fitting options come from the base)."""
+
+    shrink: float
+
+
+class GroupedOptions(GridOptions, total=False):
+    """``GroupedGridPrior``'s options after the labels and names, as the priors built on it pass them on."""
+
+    shrink: float
 
 
 def group_labels(prompts: Sequence[Prompt], key: str) -> tuple[np.ndarray, list[Hashable]]:
@@ -73,7 +89,7 @@ def prompt_groups(prior: Prior | None) -> np.ndarray | None:
     return None
 
 
-def _hashable(v: Any) -> Hashable:
+def _hashable(v: object) -> Hashable:
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
     if isinstance(v, dict):
@@ -97,7 +113,7 @@ class GroupedGridPrior(GridPrior):
     """``sara:reweight`` when unset: groups given by the pool keep the rule's composition (``SARAConfig.reweight``)."""
 
     def __init__(self, labels: np.ndarray, names: Sequence[Hashable] = (), *, shrink: float = 16.0,
-                 **kwargs: Any) -> None:
+                 **kwargs: Unpack[GridOptions]) -> None:
         super().__init__(**kwargs)
         self.labels = np.asarray(labels, np.int64)
         self.n_groups = int(self.labels.max()) + 1 if len(self.labels) else 1
@@ -108,7 +124,8 @@ class GroupedGridPrior(GridPrior):
         self._ghist: list[np.ndarray] = []  # per past step: group of every unit with data (aligned with _hist)
 
     @classmethod
-    def like(cls, base: GridPrior, labels: np.ndarray, names: Sequence[Hashable] = (), **kwargs: Any) -> GroupedGridPrior:
+    def like(cls, base: GridPrior, labels: np.ndarray, names: Sequence[Hashable] = (),
+             **kwargs: Unpack[GroupedStart]) -> GroupedGridPrior:
         """A grouped prior with ``base``'s options and starting weights."""
         out = cls(labels, names, fit=base.fit, window=base.window, min_units=base.min_units,
                   refit_growth=base.refit_growth, smoothing=base.smoothing, **kwargs)

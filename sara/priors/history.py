@@ -12,7 +12,7 @@ and is abandoned after one rollout. ``BorrowedHistory`` reads another component'
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Final, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 from pydantic import PlainValidator
@@ -31,7 +31,7 @@ AUTO_DECAYS = (0.5, 0.7, 0.85, 0.95, 0.99)
 START_DECAY = 0.7
 """The candidate ``decay="auto"`` uses until the revisits have said which predicts them best."""
 
-DEFAULT_DECAY = "auto"
+DEFAULT_DECAY: Final = "auto"
 """Default weight per step of a prompt's past evidence (the history prior's and the predictive sampler's ``decay``).
 Two things pull against each other: evidence has to outlive the interval between two visits of a prompt (about 1/f
 steps when a step draws a fraction f of the pool), and it has to fade as fast as the policy moves. No fixed value
@@ -90,7 +90,7 @@ class HistoryPrior(Prior):
         self.scores = np.zeros(len(self.decays))  # prequential log-likelihood of revisits per candidate
         width = len(self.decays)
         self.succ = np.zeros((0, width))  # decayed successes per pool index and candidate decay, as of last_step
-        self.fail = np.zeros((0, width))
+        self.fail: np.ndarray = np.zeros((0, width))
         self.last_step = np.zeros(0, np.int64)
         self.step = 0  # the step the next params() are for
 
@@ -108,7 +108,7 @@ class HistoryPrior(Prior):
 
     def _weights(self, idx: np.ndarray, step: int) -> np.ndarray:
         """``[len(idx), candidates]`` weight of each prompt's stored evidence at ``step``."""
-        return self.decays[None, :] ** np.maximum(step - self.last_step[idx], 0)[:, None]
+        return cast(np.ndarray, self.decays[None, :] ** np.maximum(step - self.last_step[idx], 0)[:, None])
 
     def evidence(self, pool_index: np.ndarray, step: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Decayed (successes, failures) of each prompt as seen from ``step`` (default: the coming step)."""
@@ -142,7 +142,7 @@ class HistoryPrior(Prior):
         w = self._weights(prompts, step)
         a = base["alpha0"][:, None] + self.succ[prompts] * w
         b = base["beta0"][:, None] + self.fail[prompts] * w
-        return (betaln(a + s[:, None], b + (cnt - s)[:, None]) - betaln(a, b)).sum(0)
+        return cast(np.ndarray, (betaln(a + s[:, None], b + (cnt - s)[:, None]) - betaln(a, b)).sum(0))
 
     def update(self, pool_index: np.ndarray, n: np.ndarray, rsum: np.ndarray, step: int) -> None:
         idx = np.asarray(pool_index, np.int64)

@@ -14,6 +14,8 @@ For ``0 < s < n`` both terms vanish (the prefix is already mixed), for ``n == 0`
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betaln, gammaln
@@ -76,7 +78,7 @@ def beta_binomial_logpmf(s: ArrayLike, n: ArrayLike, alpha: ArrayLike, beta: Arr
     """log P(S = s) for S ~ BetaBinomial(n, alpha, beta), vectorized."""
     s, n, a, b = (np.asarray(x, dtype=np.float64) for x in (s, n, alpha, beta))
     log_choose = gammaln(n + 1) - gammaln(s + 1) - gammaln(n - s + 1)
-    return log_choose + betaln(a + s, b + n - s) - betaln(a, b)
+    return cast(np.ndarray, log_choose + betaln(a + s, b + n - s) - betaln(a, b))
 
 
 def fit_beta_moments(n: ArrayLike, s: ArrayLike, *, min_conc: float = 1e-2, max_conc: float = 1e4) -> tuple[float, float]:

@@ -17,16 +17,27 @@ success; the regression looks for the latter.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 
 from sara.priors.base import Reweight
 from sara.priors.features import NUMERIC_BINS, quantile_bins
 from sara.priors.grid import GridPrior, grid_posterior
-from sara.priors.grouped import GroupedGridPrior
+from sara.priors.grouped import GroupedGridPrior, GroupedOptions, GroupedStart
 
-__all__ = ["RepresentationPrior", "principal_components"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["RepresentationPrior", "RepresentationStart", "principal_components"]
+
+
+class RepresentationStart(GroupedStart, total=False):
+    """``RepresentationPrior.like``'s options (the fitting options come from the base)."""
+
+    bands: int
+    dims: int
+    ridge: float
 
 
 def principal_components(x: np.ndarray, dims: int, *, sample: int = 4096, seed: int = 0,
@@ -50,7 +61,7 @@ def principal_components(x: np.ndarray, dims: int, *, sample: int = 4096, seed: 
     d = int(min(dims, np.sum(sv > (sv[0] * 1e-6 if len(sv) else np.inf))))
     z = fit @ vt[:d].T if whole else np.concatenate(
         [(np.asarray(x[i:i + chunk], np.float64) - mean) @ vt[:d].T for i in range(0, len(x), chunk)])
-    return z / np.maximum(z.std(0), 1e-12)
+    return cast(np.ndarray, z / np.maximum(z.std(0), 1e-12))
 
 
 class RepresentationPrior(GroupedGridPrior):
@@ -71,7 +82,7 @@ class RepresentationPrior(GroupedGridPrior):
     composition over them by default, lest a band the policy is about to learn be starved (docs/allocation.md)."""
 
     def __init__(self, features: np.ndarray, *, bands: int = NUMERIC_BINS, dims: int = 32, ridge: float = 10.0,
-                 **kwargs: Any) -> None:
+                 **kwargs: Unpack[GroupedOptions]) -> None:
         feats = np.asarray(features)  # principal_components makes the float64 copies it needs
         super().__init__(np.zeros(len(feats), np.int64), [f"band{i}" for i in range(bands)], **kwargs)
         self.n_groups = int(bands)
@@ -88,7 +99,7 @@ class RepresentationPrior(GroupedGridPrior):
 
     @classmethod
     def like(cls, base: GridPrior, features: np.ndarray,  # type: ignore[override]
-             **kwargs: Any) -> RepresentationPrior:
+             **kwargs: Unpack[RepresentationStart]) -> RepresentationPrior:
         """A representation prior with ``base``'s options and starting weights."""
         out = cls(features, fit=base.fit, window=base.window, min_units=base.min_units,
                   refit_growth=base.refit_growth, smoothing=base.smoothing, **kwargs)
@@ -99,7 +110,7 @@ class RepresentationPrior(GroupedGridPrior):
     def predict(self, pool_index: np.ndarray | None = None) -> np.ndarray:
         """Predicted success rate of each pool index (all of them by default), clipped to [0, 1]."""
         z = self.z if pool_index is None else self.z[np.asarray(pool_index, np.int64)]
-        return np.clip(z @ self.coef, 0.0, 1.0)
+        return cast(np.ndarray, np.clip(z @ self.coef, 0.0, 1.0))
 
     def _relabel(self, pool_index: np.ndarray, ns: np.ndarray, new: int) -> None:
         """Score the last fit on the step's ``new`` units (the last rows), refit the regression on the window's units,

@@ -32,12 +32,13 @@ def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k:
     cls, options = SAMPLERS.from_spec(spec)
     if not (isinstance(cls, type) and issubclass(cls, PromptSampler)):
         raise ConfigError(f"sampler {spec!r} does not name a PromptSampler subclass")
+    kwargs: dict[str, object] = dict(options)
     if k is not None and cls.takes_k:
         if "k" in options and int(options["k"]) != int(k):
             raise ConfigError(f"sampler {spec!r}: field 'k': {options['k']} disagrees with the run's k={k}; drop k "
                               "from the sampler spec (the group size comes from the training config)")
-        options = {**options, "k": int(k)}
+        kwargs["k"] = int(k)
     try:
-        return cls(pool_size, seed=seed, **options)
+        return cls(pool_size, seed=seed, **kwargs)
     except TypeError as exc:
         raise ConfigError(f"sampler {spec!r}: {exc}") from None

@@ -24,7 +24,7 @@ default, ``population=allocator``; ``population=own`` keeps the sampler's Beta w
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import Field
@@ -78,7 +78,7 @@ class PredictiveSampler(PromptSampler):
     name = "predictive"
     takes_k = True
 
-    def __init__(self, pool_size: int, *, seed: int = 0, **options: Any) -> None:
+    def __init__(self, pool_size: int, *, seed: int = 0, **options: object) -> None:
         super().__init__(pool_size, seed=seed)
         self.config = validate_config(PredictiveSamplerConfig, options, what="sampler 'predictive'")
         c = self.config
@@ -117,7 +117,7 @@ class PredictiveSampler(PromptSampler):
             return post @ mixed
         cdf = np.cumsum(post, 1)
         at = np.minimum((cdf < rng.random((len(idx), 1)) * cdf[:, -1:]).sum(1), len(mixed) - 1)
-        return mixed[at]
+        return cast(np.ndarray, mixed[at])
 
     def sample(self, m: int) -> np.ndarray:
         free = np.flatnonzero(~self._taken)
@@ -135,7 +135,7 @@ class PredictiveSampler(PromptSampler):
         rest = cand[by_visits[n_explore:]]
         score = self.scores(rest, rng)
         greedy = rest[np.argsort(-score, kind="stable")[: m - n_explore]]
-        out = np.concatenate([greedy, explore]).astype(np.int64)
+        out: np.ndarray = np.concatenate([greedy, explore]).astype(np.int64)
         self._taken[out] = True
         np.add.at(self.visits, out, 1)
         return out
