@@ -58,7 +58,9 @@ class StreamingEnv(Protocol):
     """
 
     prompts: Sequence[Prompt]
-    slots: int
+
+    @property
+    def slots(self) -> int: ...  # read only: an attribute or a property (``TaskEnv``'s asks its backend)
 
     def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]: ...
 

@@ -24,7 +24,7 @@ import random
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -127,7 +127,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: format version {payload.get('version')!r}, this sara reads "
                               f"{VERSION}")
     try:
-        return decode(json.loads(payload["state"]), payload["tensors"])
+        state = decode(json.loads(payload["state"]), payload["tensors"])
+        return cast("dict[str, Any]", state)  # what save_checkpoint wrote (--resume checks it before use)
     except RecursionError:
         raise CheckpointError(f"checkpoint {path}: malformed state (nested too deeply)") from None
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -149,7 +150,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return next((p for p in list_checkpoints(directory) if marker_path(p).is_file()), None)
 
 
-def resume_checkpoint(directory: str | Path, check: Callable[[Path, dict[str, Any]], None] | None = None
+def resume_checkpoint(directory: str | Path, check: Callable[[Path, dict[str, Any]], object] | None = None
                       ) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
     """The newest checkpoint that verifies, loads and passes ``check``: ``(path, state, skipped)``, ``skipped``
     holding one message per newer checkpoint that did not (each names the file and why). ``(None, None, skipped)``

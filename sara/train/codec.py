@@ -19,22 +19,29 @@ What it stores, and how (anything else is refused with a ``TypeError`` naming wh
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-__all__ = ["encode", "decode"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["JsonTree", "encode", "decode"]
+
+JsonTree: TypeAlias = "None | bool | int | float | str | list[JsonTree] | dict[str, JsonTree]"
+"""What ``encode`` gives ``json.dumps``: the state's structure, with markers for what JSON cannot hold."""
 
 _FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def encode(obj: Any) -> tuple[Any, dict[str, Any]]:
+def encode(obj: object) -> tuple[JsonTree, dict[str, torch.Tensor]]:
     """``(JSON-able tree, {name: tensor})`` for ``obj`` (see the module docstring)."""
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
     return _enc(obj, tensors, "state"), tensors
 
 
-def decode(tree: Any, tensors: dict[str, Any]) -> Any:
+def decode(tree: JsonTree, tensors: Mapping[str, torch.Tensor]) -> object:
     """The object ``encode`` was given, rebuilt from its tree and tensors.
 
     Raises:
@@ -80,7 +87,7 @@ def _enc(obj: Any, tensors: dict[str, Any], where: str) -> Any:
                     "(use numbers, strings, lists, dicts, numpy arrays or tensors)")
 
 
-def _dec(tree: Any, tensors: dict[str, Any]) -> Any:
+def _dec(tree: Any, tensors: Mapping[str, Any]) -> Any:
     if isinstance(tree, list):
         return [_dec(v, tensors) for v in tree]
     if not isinstance(tree, dict):
@@ -113,7 +120,7 @@ def _dec(tree: Any, tensors: dict[str, Any]) -> Any:
     raise ValueError(f"unknown marker {marker!r}")
 
 
-def _tensor(tensors: dict[str, Any], name: Any) -> Any:
+def _tensor(tensors: Mapping[str, Any], name: Any) -> Any:
     if not isinstance(name, str) or name not in tensors:
         raise ValueError(f"missing tensor {name!r}")
     return tensors[name]

@@ -15,10 +15,13 @@ run's summary records under ``machine`` (``RunSummary.machine``: ``sara train --
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sara.config import validate_config
 from sara.machine import DtypeChoice, machine_info, machine_kind
+
+if TYPE_CHECKING:
+    from sara.train.config import TrainConfig
 
 __all__ = ["dtype_lines", "run_dtypes", "run_machine"]
 
@@ -36,7 +39,7 @@ def _config(table: dict[str, tuple[str, str]], name: str, options: dict[str, Any
     return validate_config(getattr(importlib.import_module(module), cls), options, what=what)
 
 
-def run_dtypes(cfg: Any) -> dict[str, DtypeChoice]:
+def run_dtypes(cfg: TrainConfig) -> dict[str, DtypeChoice]:
     """``{"generation": ..., "learner": ...}`` of a ``TrainConfig`` on this machine (a component whose dtype its
     factory chooses is left out). Forcing bfloat16 where it is not native warns once (``RuntimeWarning``).
 
@@ -72,7 +75,7 @@ def dtype_lines(choices: dict[str, DtypeChoice]) -> list[str]:
     return [choice.line(what) for what, choice in choices.items()]
 
 
-def run_machine(cfg: Any, choices: dict[str, DtypeChoice] | None = None) -> dict[str, Any]:
+def run_machine(cfg: TrainConfig, choices: dict[str, DtypeChoice] | None = None) -> dict[str, Any]:
     """What a run records about where it ran: ``sara.machine.machine_info`` of the policy's device, its
     ``machine_kind`` label under ``kind``, and ``dtypes`` (``{"generation": {"dtype", "reason"}, "learner": ...}``).
 

@@ -4,14 +4,24 @@ check that the chosen driver mode (``TrainConfig.driver``) can drive the trainin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sara.config import ConfigError
+
+if TYPE_CHECKING:
+    from sara.allocators.base import BudgetAllocator
+    from sara.envs.base import GenerationBackend, SamplingConfig
+    from sara.envs.task_env import TaskEnv
+    from sara.envs.tasks import Task
+    from sara.envs.tasks.scoring import BatchScorer
+    from sara.train.config import TrainConfig
 
 __all__ = ["make_envs"]
 
 
-def make_envs(cfg: Any, task: Any, backend: Any, sampling: Any, scorer: Any, allocator: Any) -> tuple[Any, Any, Any]:
+def make_envs(cfg: TrainConfig, task: Task, backend: GenerationBackend, sampling: SamplingConfig,
+              scorer: BatchScorer | None, allocator: BudgetAllocator
+              ) -> tuple[TaskEnv, TaskEnv | None, TaskEnv | None]:
     """``(env, eval_env, greedy_env)`` of a run (the eval envs are None for a task without held-out prompts).
 
     Raises:
@@ -31,7 +41,7 @@ def make_envs(cfg: Any, task: Any, backend: Any, sampling: Any, scorer: Any, all
             raise ConfigError(f"train config: field 'allocator': {cfg.allocator!r} continues partial traces, and "
                               f"task {task.id!r} renders chat messages that backend {cfg.backend!r} cannot "
                               "turn into text; use the hf or vllm backend, or the task option chat=false")
-        env = TreeTaskEnv(task, backend, sampling, scorer=scorer, render_chat=render)
+        env: TaskEnv = TreeTaskEnv(task, backend, sampling, scorer=scorer, render_chat=render)
     else:
         env = TaskEnv(task, backend, sampling, scorer=scorer)
     if not cfg.driver.barrier and not isinstance(env, StreamingEnv):

@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
 from sara.metrics import BAND_PREFIX
 from sara.priors.features import LENGTH, NUMERIC_BINS, prompt_length, quantile_bins
 
-__all__ = ["held_out_accuracy"]
+if TYPE_CHECKING:
+    from sara.envs.base import RolloutEnv
+    from sara.train.config import EvalConfig
+    from sara.train.progress import StepProgress
+
+__all__ = ["EvalSettings", "held_out_accuracy"]
 
 
-def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None, progress: Any = None) -> dict[str, float]:
+class EvalSettings(Protocol):
+    """What an evaluation reads of a run's configuration: a ``TrainConfig``, or any object with these two."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def eval(self) -> EvalConfig: ...
+
+
+def held_out_accuracy(config: EvalSettings, eval_env: RolloutEnv | None, greedy_env: RolloutEnv | None = None,
+                      progress: StepProgress | None = None) -> dict[str, float]:
     """``eval/acc_sample`` (training temperature, ``config.eval.samples`` per prompt), the same per
     ``config.eval.by`` label (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed,
     ``eval/acc_greedy`` (when ``config.eval.greedy``) and ``time/eval``.
@@ -47,7 +62,8 @@ def held_out_accuracy(config: Any, eval_env: Any, greedy_env: Any = None, progre
         reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=(0,)) for i, p in enumerate(prompts)]
         if progress is not None:
             progress.evaluating(len(prompts), "greedy held-out", quote_last=False)
-        out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in greedy_env.rollout(reqs)]))
+        greedy = cast("RolloutEnv", greedy_env)  # given with eval.greedy (see Args)
+        out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in greedy.rollout(reqs)]))
     out["time/eval"] = time.perf_counter() - t0
     if progress is not None:
         progress.eval_seconds = out["time/eval"]

@@ -25,12 +25,22 @@ import math
 import os
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sara.config import ConfigError, SaraError
 from sara.envs.task_env import ReportsVerifierFailures
 from sara.step import CollectObserver
 from sara.train.stopping import StopWatchdog
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from sara.envs.task_env import TaskEnv
+    from sara.envs.tasks.base import Verifier
+    from sara.policies.base import Policy
+    from sara.step import StepState
+    from sara.train.config import TrainConfig
+    from sara.types import CollectStats
 
 __all__ = ["NonFiniteTraining", "STOP_GRACE_S", "StepLimitReached", "StopSignals", "VerifierFailure", "VerifierHealth",
            "check_finite", "check_step_limit", "stop_grace_s"]
@@ -55,7 +65,7 @@ class NonFiniteTraining(SaraError, RuntimeError):
     """A step's loss or the weights after its update are not finite; names the step and the likely cause."""
 
 
-def check_step_limit(stats: Any, step: int, config: Any) -> None:
+def check_step_limit(stats: CollectStats, step: int, config: TrainConfig) -> None:
     """Stop the run when the driver ended ``step`` (0-based) at its rollout bound (``stop_reason ==
     "max_step_rollouts"``).
 
@@ -72,7 +82,7 @@ def check_step_limit(stats: Any, step: int, config: Any) -> None:
         "alike; check them (sara bench generation), or raise driver.max_step_rollouts")
 
 
-def check_finite(step: int, metrics: dict[str, float], policy: Any, config: Any) -> None:
+def check_finite(step: int, metrics: dict[str, float], policy: Policy, config: TrainConfig) -> None:
     """Stop the run when step ``step`` (0-based) left a non-finite loss or non-finite weights.
 
     Raises:
@@ -181,7 +191,7 @@ class VerifierHealth(CollectObserver):
         min_rollouts: Rollouts a step needs before it is judged mid-step.
     """
 
-    def __init__(self, env: Any, verifier: Any, max_share: float, min_rollouts: int = 32) -> None:
+    def __init__(self, env: TaskEnv, verifier: Verifier, max_share: float, min_rollouts: int = 32) -> None:
         self.env, self.max_share, self.min_rollouts = env, float(max_share), int(min_rollouts)
         self.name = getattr(verifier, "__qualname__", None) or type(verifier).__qualname__
         module = getattr(verifier, "__module__", None)
@@ -192,11 +202,11 @@ class VerifierHealth(CollectObserver):
         m = self.env.metrics()
         return m.get("env/verifier_errors", 0.0), m.get("env/verifier_timeouts", 0.0)
 
-    def begin(self, state: Any = None) -> None:
+    def begin(self, state: StepState | None = None) -> None:
         """Mark the start of a step's collection (evaluation in between is not counted)."""
         self._mark = self._counts()
 
-    def closed(self, state: Any, unit_ids: Any, decisions: Any) -> None:
+    def closed(self, state: StepState, unit_ids: np.ndarray, decisions: np.ndarray) -> None:
         if state.rollouts >= self.min_rollouts:
             self.end(state.rollouts)
 

@@ -29,12 +29,19 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from sara.train.config import OptimConfig
 from sara.train.microbatch import MicroBatch, plan_microbatches
+
+if TYPE_CHECKING:
+    import torch
+
+    from sara.algos.specs import AlgoSpec
+    from sara.policies.base import Policy
+    from sara.types import Group
 
 __all__ = ["Batch", "Learner", "lr_at", "make_batch"]
 
@@ -52,7 +59,7 @@ class Batch:
     stale: Any = None  # [N] bool: started under older weights than the learner's (banked, carried); None = none
     prompt_lens: Any = None  # [N] prompt tokens per row (None: resp_index[:, 0])
 
-    def rows(self, idx: Any) -> Batch:
+    def rows(self, idx: torch.Tensor) -> Batch:
         """The sub-batch of rollouts ``idx`` (a mini-batch)."""
         from sara.policies.base import TokenBatch
 
@@ -61,12 +68,12 @@ class Batch:
                      self.response_mask[idx], self.rewards[idx], self.group_ids[idx], self.gen_logprobs[idx],
                      _rows(self.stale, idx), self.prompts()[idx])
 
-    def prompts(self) -> Any:
+    def prompts(self) -> torch.Tensor:
         """Prompt tokens per row ``[N]``."""
-        return self.prompt_lens if self.prompt_lens is not None else self.resp_index[:, 0]
+        return cast("torch.Tensor", self.prompt_lens if self.prompt_lens is not None else self.resp_index[:, 0])
 
 
-def make_batch(groups: Sequence[Any], device: Any = "cpu", version: int | None = None) -> Batch | None:
+def make_batch(groups: Sequence[Any], device: torch.device | str = "cpu", version: int | None = None) -> Batch | None:
     """Pad prompt + response tokens of the rollouts of ``groups`` (grouped by id, any group size); None if empty.
 
     With ``version`` (the weights the learner holds), a rollout generated under an older ``Rollout.policy_version``
@@ -141,7 +148,7 @@ class Learner:
             unset (see ``planned_optimizer_steps``).
     """
 
-    def __init__(self, policy: Any, algo: Any, optim: OptimConfig, *, seed: int = 0, horizon: int = 1) -> None:
+    def __init__(self, policy: Policy, algo: AlgoSpec, optim: OptimConfig, *, seed: int = 0, horizon: int = 1) -> None:
         import torch
 
         from sara.policies.base import PrefixScorer
@@ -161,8 +168,8 @@ class Learner:
         self.optimizer_steps = 0
 
     @property
-    def device(self) -> Any:
-        return next(iter(self.policy.parameters())).device
+    def device(self) -> torch.device:
+        return cast("torch.device", next(iter(self.policy.parameters())).device)
 
     def lr(self) -> float:
         """The learning rate of the next optimizer step."""
@@ -174,7 +181,7 @@ class Learner:
         return self.epochs == 1 and (self.optim.minibatch_rollouts is None or self.optim.minibatch_rollouts >= n)
 
     # ------------------------------------------------------------------------------------------------ phases
-    def make_batch(self, groups: Sequence[Any], version: int | None = None) -> Batch | None:
+    def make_batch(self, groups: Sequence[Group], version: int | None = None) -> Batch | None:
         """``make_batch`` on the policy's device (``version``: mark rollouts of older weights stale)."""
         return make_batch(groups, self.device, version)
 
@@ -211,8 +218,8 @@ class Learner:
             ref_logprobs=ref_lp))
         return advantages, returns, extra
 
-    def update(self, b: Batch, advantages: Any, returns: Any, extra: Mapping[str, Any], *, step: int
-               ) -> dict[str, float]:
+    def update(self, b: Batch, advantages: torch.Tensor, returns: torch.Tensor | None, extra: Mapping[str, Any],
+               *, step: int) -> dict[str, float]:
         """``epochs`` passes of shuffled mini-batches, one optimizer step each; mean ``algo/...`` metrics.
 
         Each mini-batch: its loss denominators, then per micro-batch a forward with gradient, its loss (divided by

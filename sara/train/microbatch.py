@@ -108,8 +108,8 @@ def plan_microbatches(prompts: Sequence[Sequence[int]], lengths: Sequence[int], 
     out = []
     for i, j in zip(cuts[:-1], cuts[1:]):
         common = min(int(lcp[i:j - 1].min()) if j - i > 1 else np.iinfo(np.int64).max, int(s_plens[i:j].min()) - 1)
-        prefix = int(prefix_of(np.asarray([max(common, 0)]))[0])
-        out.append(MicroBatch(rows=order[i:j], prefix=prefix, width=int(s_lens[i:j].max())))
+        shared = int(prefix_of(np.asarray([max(common, 0)]))[0])
+        out.append(MicroBatch(rows=order[i:j], prefix=shared, width=int(s_lens[i:j].max())))
     return out
 
 

@@ -24,11 +24,12 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 from sara.config import ConfigError
 from sara.train.checkpoint import CheckpointError
 from sara.train.state_checks import (
+    CheckedTrainer,
     check_bank,
     check_files,
     check_learner,
@@ -42,6 +43,11 @@ from sara.train.state_checks import (
     whole,
 )
 
+if TYPE_CHECKING:
+    from sara.allocators.base import BudgetAllocator
+    from sara.samplers.base import PromptSampler
+    from sara.train.config import TrainConfig
+
 __all__ = ["KEPT", "check_resume", "compare_config", "validate_state"]
 
 KEPT = ("task", "policy", "policy_options", "algo", "allocator", "sampler", "k", "groups_per_step", "surplus", "seed",
@@ -53,6 +59,19 @@ TOTALS = ("rollouts", "tokens", "abandoned_tokens", "committed_groups", "effecti
           "verifier_timeouts", "committed_tokens", "discarded_tokens", "aborted_tokens", "prompt_tokens",
           "trained_tokens", "seconds_collect", "seconds_advantages", "seconds_update", "seconds_sync")
 _STEP = re.compile(r"^ckpt-(\d+)\.pt$")
+_T = TypeVar("_T")
+
+
+class ResumedTrainer(CheckedTrainer, Protocol):
+    """What ``--resume`` reads of a ``sara.train.Trainer`` (named by its parts: it imports this module)."""
+
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def allocator(self) -> BudgetAllocator: ...
+    @property
+    def sampler(self) -> PromptSampler: ...
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 def _diff(a: Any, b: Any, where: str) -> str | None:
@@ -66,7 +85,7 @@ def _diff(a: Any, b: Any, where: str) -> str | None:
     return None if a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b) else where
 
 
-def compare_config(saved: Any, config: Any, path: Path) -> list[str]:
+def compare_config(saved: object, config: TrainConfig, path: Path) -> list[str]:
     """Notes on the fields the resumed run changes; ``ConfigError`` for a field of ``KEPT`` (see the module)."""
     if not isinstance(saved, Mapping):
         raise CheckpointError(f"checkpoint {path}: malformed state (no config mapping)")
@@ -78,7 +97,8 @@ def compare_config(saved: Any, config: Any, path: Path) -> list[str]:
         where = _diff(saved[field], now[field], field)
         if where is None:
             continue
-        old, new = saved, now
+        old: object = saved
+        new: object = now
         for part in where.split("."):
             old = old.get(part) if isinstance(old, Mapping) else None
             new = new.get(part) if isinstance(new, Mapping) else None
@@ -90,7 +110,7 @@ def compare_config(saved: Any, config: Any, path: Path) -> list[str]:
     return notes
 
 
-def validate_state(trainer: Any, path: Path, state: Any) -> None:
+def validate_state(trainer: ResumedTrainer, path: Path, state: object) -> None:
     """Check ``state`` against ``trainer``'s own (see the module docstring).
 
     Raises:
@@ -104,7 +124,7 @@ def validate_state(trainer: Any, path: Path, state: Any) -> None:
         raise fail(path, "state", f"unexpected structure ({type(exc).__name__}: {exc})"[:300]) from None
 
 
-def _validate(trainer: Any, path: Path, state: Any) -> None:
+def _validate(trainer: ResumedTrainer, path: Path, state: object) -> None:
     fresh = trainer.state_dict()
     if not isinstance(state, Mapping) or set(state) != set(fresh):
         keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
@@ -149,7 +169,7 @@ def _validate(trainer: Any, path: Path, state: Any) -> None:
     check_files(state["files"], path)
 
 
-def check_resume(trainer: Any, path: Path, state: Any, *, out: Any = None) -> Any:
+def check_resume(trainer: ResumedTrainer, path: Path, state: _T, *, out: TextIO | None = None) -> _T:
     """``compare_config`` then ``validate_state``; prints the notes of changed fields to ``out`` (stderr); returns
     ``state``."""
     notes = compare_config(state.get("config") if isinstance(state, Mapping) else None, trainer.config, path)

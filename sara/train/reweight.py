@@ -10,17 +10,23 @@ collected are unchanged; values and returns are not reweighted.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from sara.types import Group
 
-__all__ = ["weigh_advantages"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Advantages", "weigh_advantages"]
+
+Advantages: TypeAlias = "torch.Tensor"
+"""``[N, R]`` advantages, one row per rollout of a batch (``sara.train.learner``)."""
 
 
-def weigh_advantages(allocator: Any, groups: Sequence[Group], advantages: Any,
-                     extra: MutableMapping[str, Any]) -> Any:
+def weigh_advantages(allocator: object, groups: Sequence[Group], advantages: Advantages | None,
+                     extra: MutableMapping[str, Any]) -> Advantages | None:
     """``advantages [N, R]`` (rows: the rollouts of ``groups`` in order) times the allocator's row weights, or as they
     are when it gives none; the largest weight goes to ``extra["metrics"]["algo/max_row_weight"]``."""
     from sara.allocators import WeighsBatch

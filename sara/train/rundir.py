@@ -33,14 +33,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sara.config import ConfigError, SaraError
 from sara.storage import LogMismatch, atomic_write, fsync_dir, open_nofollow, write_point
 
 __all__ = ["LOCK_NAME", "RETIRED", "RUN_FILES", "RUN_MARKER", "NothingToResume", "RunLock", "RunWriteError",
            "checkpoint_failed", "drop_temp_files", "finish_retirement", "refuse_empty_resume", "refuse_links", "releases_run_lock", "retire",
-           "run_writes", "take_run_lock", "write_failed"]
+           "WritesRun", "run_writes", "take_run_lock", "write_failed"]
 
 LOCK_NAME = ".sara.lock"
 RUN_MARKER = "metrics.jsonl"
@@ -325,8 +325,19 @@ def checkpoint_failed(path: str | os.PathLike[str], exc: OSError) -> str:
     return f"could not write checkpoint {path} ({exc.strerror or exc}); {kept}"
 
 
+class WritesRun(Protocol):
+    """What ``run_writes`` reads of a ``sara.train.Trainer`` (named by its parts: it imports this module)."""
+
+    @property
+    def out_dir(self) -> str | os.PathLike[str]: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def last_checkpoint(self) -> Path | None: ...
+
+
 @contextlib.contextmanager
-def run_writes(trainer: Any) -> Iterator[None]:
+def run_writes(trainer: WritesRun) -> Iterator[None]:
     """Around a ``Trainer``'s writes to its run directory: an ``OSError`` on a file inside ``trainer.out_dir`` (a
     full disk, a symbolic link) becomes ``write_failed``'s one-line ``RunWriteError``, and a metrics log that does
     not match what the resumed checkpoint recorded of it (``sara.storage.LogMismatch``) a one-line ``ConfigError``

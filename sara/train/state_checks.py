@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import numpy as np
 
 from sara.train.checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from sara.envs.task_env import TaskEnv
+    from sara.train.bank import SurplusBank
+    from sara.train.learner import Learner
 
 __all__ = ["POOL_INDEXED", "check_bank", "check_files", "check_learner", "check_outcomes", "check_rng", "check_values", "equal",
            "fail", "finite", "first_difference", "like", "trial_load", "whole"]
@@ -26,7 +31,27 @@ POOL_INDEXED = ("pool_index", "pos")
 """State keys holding a position in the prompt pool (a sampler's position in its pass, a group's prompt)."""
 
 
-def check_files(files: Any, path: Path, names: tuple[str, ...] = ("metrics.jsonl",)) -> None:
+class CheckedTrainer(Protocol):
+    """What the checks read of a ``sara.train.Trainer`` (named by its parts: it imports them)."""
+
+    @property
+    def learner(self) -> Learner: ...
+    @property
+    def bank(self) -> SurplusBank: ...
+    @property
+    def env(self) -> TaskEnv: ...
+
+
+class GivesState(Protocol):
+    """``trial_load``'s copy: part of a trainer that gives its state back (allocator, sampler, bank)."""
+
+    def state_dict(self) -> object: ...
+
+
+_S = TypeVar("_S", bound=GivesState)
+
+
+def check_files(files: object, path: Path, names: tuple[str, ...] = ("metrics.jsonl",)) -> None:
     """The run files a checkpoint vouches for (``sara.storage.AppendLog.manifest``): ``{name: {"bytes": whole,
     "sha256": 64 lowercase hex digits}}``, names among ``names``."""
     if not isinstance(files, Mapping) or not set(files) <= set(names):
@@ -40,13 +65,14 @@ def check_files(files: Any, path: Path, names: tuple[str, ...] = ("metrics.jsonl
             raise fail(path, f"files.{name}.sha256", f"expected 64 hex digits, got {digest!r}"[:300])
 
 
-def equal(a: Any, b: Any) -> bool:
+def equal(a: object, b: object) -> bool:
     """Equal, of the same kinds, element by element (arrays and tensors included); never raises."""
     if isinstance(a, Mapping) or isinstance(b, Mapping):
         return isinstance(a, Mapping) and isinstance(b, Mapping) and set(a) == set(b) and all(equal(a[k], b[k])
                                                                                                for k in a)
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+        return (type(a) is type(b) and isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))
+                and len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b)))
     if isinstance(a, (bool, np.bool_)) != isinstance(b, (bool, np.bool_)):
         return False
     scalars = (int, float, str, type(None), np.integer, np.floating, np.bool_)
@@ -63,7 +89,7 @@ def fail(path: Path, where: str, problem: str) -> CheckpointError:
     return CheckpointError(" ".join(f"checkpoint {path}: {where}: {problem}".split()))
 
 
-def whole(value: Any, path: Path, where: str, *, most: int | None = None) -> int:
+def whole(value: object, path: Path, where: str, *, most: int | None = None) -> int:
     """A whole non-negative ``int`` (not a bool, not a float), at most ``most``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise fail(path, where, f"expected a whole number, got {type(value).__name__} {value!r}"[:300])
@@ -72,7 +98,7 @@ def whole(value: Any, path: Path, where: str, *, most: int | None = None) -> int
     return int(value)
 
 
-def finite(value: Any, path: Path, where: str) -> float:
+def finite(value: object, path: Path, where: str) -> float:
     """A finite non-negative number."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise fail(path, where, f"expected a number, got {type(value).__name__} {value!r}"[:300])
@@ -81,7 +107,7 @@ def finite(value: Any, path: Path, where: str) -> float:
     return float(value)
 
 
-def like(fresh: Any, got: Any, path: Path, where: str, pool: int) -> None:
+def like(fresh: object, got: object, path: Path, where: str, pool: int) -> None:
     """``got`` has ``fresh``'s structure where ``fresh`` pins it down (non-empty mappings: the same keys; tuples:
     the same length; scalars: the same kind; arrays: the same dtype kind and rank, and shape when ``fresh`` is
     non-empty), and every number in it is finite and non-negative (pool positions below ``pool``)."""
@@ -137,7 +163,7 @@ def _leaves(node: Any, where: str) -> Iterator[tuple[Any, str]]:
             yield x, at
 
 
-def _no_arrays(node: list, path: Path, where: str) -> None:
+def _no_arrays(node: list[object], path: Path, where: str) -> None:
     """A list of a state holds what the checkpoint codec writes for it (lists, mappings, numbers, strings), never an
     array: loaded, an array would come back as a list, so the state taken would not be the state saved."""
     for x, at in _leaves(node, where):
@@ -145,7 +171,7 @@ def _no_arrays(node: list, path: Path, where: str) -> None:
             raise fail(path, at, f"expected a list of plain values, found {type(x).__name__}")
 
 
-def check_values(node: Any, path: Path, where: str) -> None:
+def check_values(node: object, path: Path, where: str) -> None:
     """Every number in ``node`` is finite and non-negative (whole where it is an integer)."""
     for x, at in _leaves(node, where):
         if isinstance(x, np.ndarray) and x.dtype.kind in "biuf" and x.size:
@@ -155,7 +181,7 @@ def check_values(node: Any, path: Path, where: str) -> None:
             finite(x, path, at)
 
 
-def check_learner(fresh: Mapping[str, Any], got: Any, trainer: Any, path: Path) -> None:
+def check_learner(fresh: Mapping[str, Any], got: object, trainer: CheckedTrainer, path: Path) -> None:
     """The learner: the policy's tensor names, shapes and dtypes (finite); AdamW's moments shaped like their
     parameters, finite, and its hyperparameters those of the config."""
     import torch
@@ -209,7 +235,7 @@ def check_learner(fresh: Mapping[str, Any], got: Any, trainer: Any, path: Path) 
                            + (", non-negative" if key.endswith("sq") else ""))
 
 
-def check_outcomes(got: Any, k: int, path: Path) -> None:
+def check_outcomes(got: object, k: int, path: Path) -> None:
     """The outcome counts: ``{'k': k, 'rows': [[group, n, s, effective, count], ...]}`` (or the older rows without a
     group), every row of one length and one ``(group, n, s, effective)`` key at most once (a second would silently
     replace the first when loaded), ``s <= n <= k``."""
@@ -230,26 +256,27 @@ def check_outcomes(got: Any, k: int, path: Path) -> None:
         finite(count, path, f"outcomes.rows[{i}].count")
 
 
-def check_rng(fresh: Mapping[str, Any], got: Any, path: Path) -> None:
+def check_rng(fresh: Mapping[str, Any], got: object, path: Path) -> None:
     """The python / numpy / torch random-number generator states, of the sizes those generators take."""
     import torch
 
     ok = isinstance(got, Mapping) and set(got) == set(fresh)
-    py = got.get("python") if ok else None
+    py = got.get("python") if ok and isinstance(got, Mapping) else None
     ok = ok and isinstance(py, tuple) and len(py) == 3 and isinstance(py[1], tuple) and len(py[1]) == 625 and all(
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in py[1]) and py[1][-1] <= 624
-    ok = ok and (py[2] is None or isinstance(py[2], float) and math.isfinite(py[2]))
-    npst = got.get("numpy") if ok else None
+    ok = ok and isinstance(py, tuple) and (py[2] is None or isinstance(py[2], float) and math.isfinite(py[2]))
+    npst = got.get("numpy") if ok and isinstance(got, Mapping) else None
     ok = ok and isinstance(npst, tuple) and len(npst) == 5 and equal(npst[0], "MT19937") and isinstance(
         npst[1], np.ndarray) and npst[1].dtype == np.uint32 and npst[1].shape == (624,)
-    ok = ok and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in npst[2:4]) and \
+    ok = ok and isinstance(npst, tuple) and all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in npst[2:4]) and \
         0 <= npst[2] <= 624 and int(npst[3]) in (0, 1) and isinstance(npst[4], float) and math.isfinite(npst[4])
-    t = got.get("torch") if ok else None
+    t = got.get("torch") if ok and isinstance(got, Mapping) else None
     if not (ok and isinstance(t, torch.Tensor) and t.dtype == fresh["torch"].dtype and t.shape == fresh["torch"].shape):
         raise fail(path, "rng", "not the random-number generator states of this python / numpy / torch")
 
 
-def check_bank(got: Any, trainer: Any, path: Path, pool: int) -> None:
+def check_bank(got: object, trainer: CheckedTrainer, path: Path, pool: int) -> None:
     """The surplus bank: banked groups of rollouts with whole ids, pool indices inside the pool, valid token ids and
     finite log-probs and rewards; then it must load (``trial_load``)."""
     from sara.types import Decision, Rollout
@@ -280,10 +307,11 @@ def check_bank(got: Any, trainer: Any, path: Path, pool: int) -> None:
                 raise fail(path, f"{at}.rollouts[{j}].logprobs", "one finite log-prob per token id")
             if not isinstance(r.get("reward", 0.0), (int, float)) or not math.isfinite(r.get("reward", 0.0)):
                 raise fail(path, f"{at}.rollouts[{j}].reward", "not a finite number")
-    trial_load(copy.copy(trainer.bank), lambda b: b.load_state_dict(got, trainer.env.prompts), path, "bank", got)
+    bank = cast("Mapping[str, Any]", got)  # a mapping: checked above
+    trial_load(copy.copy(trainer.bank), lambda b: b.load_state_dict(bank, trainer.env.prompts), path, "bank", got)
 
 
-def trial_load(obj: Any, load: Any, path: Path, where: str, state: Any) -> None:
+def trial_load(obj: _S, load: Callable[[_S], object], path: Path, where: str, state: object) -> None:
     """``load(obj)`` on a throwaway copy: what its own loader refuses is refused here, before the real load; and the
     copy's ``state_dict()`` must then be ``state`` again, value for value (a loader that coerces, ``2.7`` into ``2``
     or ``-1`` into a valid index, would change what the checkpoint says)."""
@@ -298,7 +326,7 @@ def trial_load(obj: Any, load: Any, path: Path, where: str, state: Any) -> None:
         raise fail(path, at, f"{saved!r} would load as {loaded!r}"[:300])
 
 
-def first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
+def first_difference(a: object, b: object, where: str) -> tuple[str, object, object] | None:
     """The first place where two states hold different values (lists, tuples and arrays alike; ints equal to floats
     of the same value, but a bool never equal to a number, nor a string to anything else), as ``(where, a's, b's)``;
     None when they agree."""

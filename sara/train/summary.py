@@ -3,15 +3,20 @@ files it wrote."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sara.metrics import BAND_PREFIX
+from sara.metrics import BAND_PREFIX, OutcomeCounts
 from sara.train.dtypes import run_machine
 
-__all__ = ["FATES", "PHASES", "STAT_TOTALS", "RunSummary", "cumulative_spend", "peak_rss_mb", "summarize", "run_files"]
+if TYPE_CHECKING:
+    from sara.train.config import TrainConfig
+
+__all__ = ["FATES", "PHASES", "STAT_TOTALS", "RunSummary", "SummarizedRun", "cumulative_spend", "peak_rss_mb",
+           "summarize", "run_files"]
 
 FATES = ("committed", "abandoned", "discarded", "aborted")
 """Where a generated token ends up: in a committed group (trained), an abandoned unit, a discarded unit (saturated
@@ -112,7 +117,28 @@ class RunSummary:
         return self.effective_groups / self.committed_groups if self.committed_groups else 0.0
 
 
-def summarize(trainer: Any, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
+class SummarizedRun(Protocol):
+    """What ``summarize`` reads of a ``sara.train.Trainer`` (named by its parts: it imports this module)."""
+
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def evals(self) -> Sequence[Mapping[str, float]]: ...
+    @property
+    def totals(self) -> Mapping[str, float]: ...
+    @property
+    def outcomes(self) -> OutcomeCounts: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def wall_seconds(self) -> float: ...
+    @property
+    def out_dir(self) -> str | os.PathLike[str]: ...
+    @property
+    def last_checkpoint(self) -> Path | None: ...
+
+
+def summarize(trainer: SummarizedRun, records: Sequence[Mapping[str, Any]] | None = None) -> RunSummary:
     """The ``RunSummary`` of ``trainer`` (a ``sara.train.Trainer``) so far.
 
     Args:

@@ -23,7 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner, planned_optimizer_steps
 from sara.train.progress import StepProgress
 from sara.train.resume import check_resume
-from sara.train.reweight import weigh_advantages
+from sara.train.reweight import Advantages, weigh_advantages
 from sara.train.rundir import RUN_MARKER, RunLock, releases_run_lock, run_writes, take_run_lock
 from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, peak_rss_mb, run_files
 from sara.train.summary import summarize as summarize_run
@@ -178,7 +178,7 @@ class Trainer:
                 advantages = weigh_advantages(self.allocator, groups, advantages, extra)  # sara:reweight=ds
             # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
             with timer("update"):
-                algo_metrics = (learner.update(batch, advantages, returns, extra, step=self.step)
+                algo_metrics = (learner.update(batch, cast(Advantages, advantages), returns, extra, step=self.step)
                                 if batch is not None else {})
                 check_finite(self.step, algo_metrics, self.policy, cfg)  # before the weights go anywhere
             # 5. Weight sync: the generator samples the next step with the new weights.
@@ -283,7 +283,7 @@ class Trainer:
     def _collect_metrics(self, result: Any) -> dict[str, float]:
         """``alloc/...`` accounting of the step, ``env/...`` rewards; feeds the run's totals and outcome counts."""
         st = result.stats
-        out = st.as_metrics("alloc/")
+        out: dict[str, float] = st.as_metrics("alloc/")
         out["alloc/effective_fraction"] = st.effective_groups / st.committed_groups if st.committed_groups else 0.0
         all_groups = [*result.groups, *result.abandoned, *result.discarded]
         rewards = np.concatenate([g.rewards for g in all_groups]) if all_groups else np.zeros(0)
