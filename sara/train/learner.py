@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from sara.train.config import OptimConfig
+from sara.train.heap import bound_heap, trim_heap
 from sara.train.microbatch import MicroBatch, plan_microbatches
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class Learner:
 
         from sara.policies.base import PrefixScorer
 
+        bound_heap()  # freed activations go back to the OS at once, not to the heap's high-water mark
         self.policy, self.algo, self.optim, self.seed, self.horizon = policy, algo, optim, seed, max(1, horizon)
         self.epochs = optim.epochs or algo.epochs
         self.shares_prefix = isinstance(policy, PrefixScorer)  # else: Policy.score, then a gather
@@ -225,7 +227,7 @@ class Learner:
         Each mini-batch: its loss denominators, then per micro-batch a forward with gradient, its loss (divided by
         the mini-batch's counts) and a backward; then the mini-batch's metrics from the detached outputs (what one
         forward would report), gradient clipping and ONE optimizer step. Gradients are freed after the step, and the
-        heap pages the update's activations freed are handed back to the OS at its end (``_trim_heap``).
+        heap pages the update's activations freed are handed back to the OS at its end (``sara.train.heap.trim_heap``).
         """
         import torch
 
@@ -267,7 +269,7 @@ class Learner:
                 for key, v in m.items():
                     sums[key] += v
                 count += 1
-        _trim_heap()
+        trim_heap()
         out_m = {k: v / count for k, v in sums.items()}
         out_m["algo/optimizer_steps"] = float(count)
         adv_m = advantages[b.response_mask > 0]
@@ -361,22 +363,6 @@ def _assemble(outs: Sequence[tuple[Any, Any]], n: int) -> Any:
         return full
 
     return PolicyOutput(join("logprobs"), join("entropy"), join("values"))
-
-
-def _trim_heap() -> None:
-    """Give the heap pages freed by the update back to the OS (glibc ``malloc_trim``; nothing elsewhere).
-
-    Activations are many MB-sized buffers that glibc keeps in its heap once freed, so without a trim the resident size
-    grows from step to step while live memory stays flat (docs/training.md)."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl): nothing to trim this way
-        pass
 
 
 def _detached(out: Any) -> Any:
