@@ -10,7 +10,8 @@
   570-byte alias bomb would expand to billions) and nest at most ``MAX_DEPTH`` levels.
 
 Every failure is a one-line ``ConfigError`` that starts with ``what`` (the file, or the ``--set`` item).
-``parse_value(raw, what=...)`` reads one ``--set`` value the same way. ``read_config(path)`` reads a config file's
+``parse_value(raw, what=...)`` reads one ``--set`` value the same way; ``dump_yaml(value)`` writes YAML that
+``load_yaml`` reads back. ``read_config(path)`` reads a config file's
 text: at most ``MAX_CONFIG_BYTES`` of it, so a huge file or a device (``/dev/zero``) is refused without being read
 whole.
 """
@@ -23,7 +24,8 @@ from typing import Any
 
 from sara.config import ConfigError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_DEPTH", "MAX_NODES", "check_size", "load_yaml", "parse_value", "read_config"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_DEPTH", "MAX_NODES", "check_size", "dump_yaml", "load_yaml", "parse_value",
+           "read_config"]
 
 MAX_CONFIG_BYTES = 2**20
 """Largest config file, in bytes (1 MiB: room for ``MAX_NODES`` short values)."""
@@ -179,3 +181,14 @@ def parse_value(raw: str, *, what: str) -> Any:
     except RecursionError:
         raise ConfigError(f"{what}: nested more than {MAX_DEPTH} levels deep; flatten it") from None
     return check_size(value, what=what)
+
+
+def dump_yaml(value: Any, *, one_line: bool = False) -> str:
+    """``value`` as YAML (``yaml.safe_dump``, mappings in their own order), without the final newline; ``one_line``:
+    on one line, collections in flow style (``[1, 2]``), a scalar without the document-end marker."""
+    import yaml
+
+    if not one_line:
+        return str(yaml.safe_dump(value, sort_keys=False)).rstrip("\n")
+    text = str(yaml.safe_dump(value, sort_keys=False, default_flow_style=True, width=1 << 16))
+    return text.rstrip("\n").removesuffix("\n...").strip()

@@ -65,6 +65,7 @@ __all__ = [
     "make_allocator",
     "p_effective",
     "register",
+    "share_history",
 ]
 
 ALLOCATORS: Registry[type[BudgetAllocator]] = Registry(
@@ -151,6 +152,14 @@ def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defau
     return cls(merged)
 
 
+def share_history(allocator: BudgetAllocator, sampler: object) -> bool:
+    """``compose``'s first step, which needs no pool: a sampler that keeps per-prompt posteriors (``HistorySource``)
+    lends them to an allocator that can read them (``BorrowsHistory``) and whose spec left ``prior`` unset. True
+    when the allocator now reads the sampler's history (``sara.train.resolve`` asks it for ``--print-config``)."""
+    return (isinstance(sampler, HistorySource) and isinstance(allocator, BorrowsHistory)
+            and allocator.borrow_history(sampler.posterior))
+
+
 def compose(allocator: _A, sampler: _S, prompts: Sequence[Prompt] | None = None,
             embed: Callable[[], np.ndarray] | None = None) -> tuple[_A, _S]:
     """Wire an allocator to the sampler it runs with: the one place where the two are composed.
@@ -172,8 +181,7 @@ def compose(allocator: _A, sampler: _S, prompts: Sequence[Prompt] | None = None,
     Returns:
         ``(allocator, sampler)``, the same objects (the allocator's prior possibly replaced).
     """
-    if isinstance(sampler, HistorySource) and isinstance(allocator, BorrowsHistory):
-        allocator.borrow_history(sampler.posterior)
+    share_history(allocator, sampler)
     if isinstance(allocator, GroupsPrompts):
         if prompts is not None:
             allocator.group_prompts(prompts, embed)

@@ -53,8 +53,6 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     started = time.perf_counter()  # the whole command: imports, warm start, evaluations
-    import yaml
-
     from sara.commands.names import train_run_name
     from sara.train import Trainer, default_threads, load_config
 
@@ -77,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
 
     dtypes = run_dtypes(cfg)  # what ``auto`` resolves to here (sara.machine), before anything is built
     if args.print_config:
-        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip("\n"))
+        from sara.train.resolve import config_yaml
+
+        print(config_yaml(cfg))  # the resolved allocator and sampler as comments; no ray section while it is off
         print("\n".join(f"# {line}" for line in ["dtypes on this machine (auto: bfloat16 where it is native):",
                                                   *dtype_lines(dtypes)]))
         return 0
