@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.isa  # results depend on the CPU's kernels: .ci/run runs these under AVX2 too
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

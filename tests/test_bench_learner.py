@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.isa  # results depend on the CPU's kernels: .ci/run runs these under AVX2 too
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

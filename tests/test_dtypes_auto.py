@@ -23,6 +23,8 @@ from sara.policies.hf import HFPolicyConfig  # noqa: E402
 from sara.train.config import load_config  # noqa: E402
 from sara.train.dtypes import run_dtypes, run_machine  # noqa: E402
 
+pytestmark = pytest.mark.isa  # results depend on the CPU's kernels: .ci/run runs these under AVX2 too
+
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "examples" / "configs").glob("*.yaml"))
 NATIVE = ("Intel(R) Xeon(R) Platinum", frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
 EMULATED = ("AMD EPYC 7B13 64-Core Processor", frozenset({"avx2", "avx512f"}))

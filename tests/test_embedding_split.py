@@ -21,6 +21,8 @@ from sara.testing import check_allocator
 from sara.train.state_checks import check_values
 from sara.types import Prompt
 
+pytestmark = pytest.mark.isa  # results depend on the CPU's kernels: .ci/run runs these under AVX2 too
+
 torch = pytest.importorskip("torch")
 
 K = 8

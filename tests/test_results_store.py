@@ -16,6 +16,8 @@ from sara.bench.summary import t_interval
 from sara.experiments.cells import Cell
 from sara.experiments.matrix import PHASE_KEYS
 
+pytestmark = pytest.mark.isa  # results depend on the CPU's kernels: .ci/run runs these under AVX2 too
+
 TINY = ["task=sara/Arithmetic-v0:max_digits=1,pool_size=40,eval_size=8", "groups_per_step=2", "k=2",
         "eval.num_prompts=4", "eval.samples=1", "eval.greedy=false", "scorer=inline", "tensorboard=false",
         "policy_options={d_model: 16, n_layers: 1, n_heads: 2, warm_start: {steps: 0}}"]
