@@ -33,7 +33,23 @@ def test_the_command_writes_the_report(tiny_model_dir, tmp_path, capsys):
     flops = report["flops"]
     assert flops["naive"] > flops["shipped"] >= flops["needed"] > 0  # the shipped path skips work, not the needed
     assert report["over_limit"] == pytest.approx(report["shipped"]["seconds_min"] / report["limit_seconds"])
+    mem = report["memory"]  # Linux: the timed updates' own peak, not the process's since start
+    assert 0 < mem["resting_mb"] <= mem["update_peak_mb"]
     assert "speedup" in capsys.readouterr().out
+
+
+def test_the_peak_can_be_restarted_below_an_earlier_high_water_mark():
+    import numpy as np
+
+    from sara.train.summary import peak_rss_mb, reset_peak_rss, rss_mb
+
+    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB touched, then freed (mapped: it leaves the resident set)
+    del block
+    high = peak_rss_mb()
+    if not reset_peak_rss():
+        pytest.skip("this platform cannot reset the peak resident size")
+    assert peak_rss_mb() < high - 32
+    assert abs(peak_rss_mb() - rss_mb()) < 32
 
 
 def test_a_bad_option_is_one_error_line(capsys):

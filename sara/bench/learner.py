@@ -26,7 +26,9 @@ through the LM head, the attention scores; a backward is twice its forward). ``n
 plan cannot avoid (each micro-batch's shared prefix once, every row's real tokens after it, the LM head at real
 response tokens); ``limit_seconds`` = needed FLOPs at the best bfloat16 (``compute_dtype`` float32: float32) rate,
 and ``over_limit`` = the shipped path's fastest update ÷ ``limit_seconds`` (both best cases, so load on a shared
-machine inflates neither).
+machine inflates neither). ``memory`` (Linux): the resident size after the warm-up rep (weights, optimizer state,
+the batch) and the peak resident size over the timed reps (``sara.train.summary.reset_peak_rss`` before them); None
+where the peak cannot be reset.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lamb
     from sara.algos import make_algo
     from sara.policies.hf import HFPolicy
     from sara.train import Learner, OptimConfig
+    from sara.train.summary import peak_rss_mb, reset_peak_rss, rss_mb
 
     naive_policy = HFPolicy(cfg.model, compute_dtype="float32")
     module, tokenizer = naive_policy.model, naive_policy.tokenizer
@@ -150,7 +153,10 @@ def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lamb
 
     rates = {"float32": 0.0, "bfloat16": 0.0}
     paths = (("naive", naive), ("shipped", shipped)) if cfg.naive else (("shipped", shipped),)
+    memory: dict[str, float] | None = None
     for rep in range(cfg.reps + 1):  # rep 0 warms both up
+        if rep == 1 and reset_peak_rss():  # the timed updates' peak, the optimizer state already allocated
+            memory = {"resting_mb": rss_mb()}
         for dtype in rates:
             rates[dtype] = max(rates[dtype], matmul_gflops(cfg.matmul_size, getattr(torch, dtype), reps=3))
         for name, fn in paths:
@@ -159,6 +165,8 @@ def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lamb
             if rep:
                 seconds[name].append(time.perf_counter() - t0)
                 log(f"rep {rep} {name}: {seconds[name][-1]:.2f} s")
+    if memory is not None:
+        memory["update_peak_mb"] = peak_rss_mb()
     flops = _flops(module, learner, batch)
     n = len(batch.rewards)
     tokens = int(batch.tokens.attention_mask.sum())
@@ -166,7 +174,7 @@ def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lamb
     limit = flops["needed"] / (rates[limit_dtype] * 1e9)
     report: dict[str, Any] = {"config": cfg.model_dump(), "rollouts": n, "tokens": tokens,
                               "response_tokens": int(batch.response_mask.sum()), "matmul_gflops": rates,
-                              "flops": flops, "limit_dtype": limit_dtype, "limit_seconds": limit}
+                              "flops": flops, "limit_dtype": limit_dtype, "limit_seconds": limit, "memory": memory}
     report["naive"] = None
     for name, _ in paths:
         s = statistics.median(seconds[name])
@@ -195,6 +203,10 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append(f"speedup {speedup}; shipped at best {report['shipped']['seconds_min']:.2f} s = "
                  f"{report['over_limit']:.2f}x the {report['limit_dtype']} FLOP limit of the needed work "
                  f"({report['limit_seconds']:.2f} s)")
+    if report.get("memory"):
+        m = report["memory"]
+        lines.append(f"memory: resident {m['resting_mb'] / 1024:.2f} GiB before the timed updates, "
+                     f"{m['update_peak_mb'] / 1024:.2f} GiB at their peak")
     return "\n".join(lines)
 
 
