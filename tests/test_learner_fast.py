@@ -1,8 +1,9 @@
 """The fast learner is exact (float32): the shared-prefix forward (``HFPolicy.score_at``) gives ``score``'s log-probs,
-entropies, values and gradients; micro-batches under a token budget accumulate the gradient and report the metrics
-of one forward over the mini-batch, for every loss aggregation mode; the micro-batch plan covers every row once,
-within the budget, with prefixes the rows really share. A tiny random Llama (RoPE: positions matter) stands in for
-SmolLM2; no model download."""
+entropies, values and gradients, its vocabulary projection in chunks of rows (``sara.policies.vocab``) those of one
+``[K, V]`` softmax without keeping or making a ``[K, V]`` tensor; micro-batches under a token budget accumulate the
+gradient and report the metrics of one forward over the mini-batch, for every loss aggregation mode; the micro-batch
+plan covers every row once, within the budget, with prefixes the rows really share. A tiny random Llama (RoPE:
+positions matter) stands in for SmolLM2; no model download."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from sara.types import Decision, Group, Prompt, Rollout  # noqa: E402
 VOCAB = 97
 
 
-def tiny_llama(value_head: bool = False, seed: int = 0):
-    """A 2-layer random Llama as an ``HFPolicy`` (float32 weights and compute)."""
+def tiny_llama(value_head: bool = False, seed: int = 0, **options):
+    """A 2-layer random Llama as an ``HFPolicy`` (float32 weights and compute; ``options``: more ``HFPolicy``
+    options)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from sara.policies.hf import HFPolicy
@@ -34,7 +36,8 @@ def tiny_llama(value_head: bool = False, seed: int = 0):
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=True)
-    return HFPolicy(LlamaForCausalLM(cfg), tokenizer=object(), value_head=value_head, compute_dtype="float32")
+    return HFPolicy(LlamaForCausalLM(cfg), tokenizer=object(), value_head=value_head, compute_dtype="float32",
+                    **options)
 
 
 class PlainView:
@@ -120,21 +123,34 @@ def test_score_at_equals_score_gathered_with_its_gradients(prefix, kernel, monke
 
     monkeypatch.setattr(hf, "_MATH_ATTENTION_PAIRS", 1 << 40 if kernel == "math" else 0)
     pol = tiny_llama(value_head=True)
-    gen = torch.Generator().manual_seed(1)
+    batch, at = scored_batch()
+    assert_score_at_equals_score(pol, batch, at, prefix)
+    with pytest.raises(ValueError, match="prefix"):
+        pol.score_at(batch, at, prefix_len=8)  # row 0's prompt is 8 tokens: its first response token is scored at 8
+
+
+def scored_batch(n: int = 6, seed: int = 1):
+    """``n`` rows sharing a 7-token prefix, then a question of 1-3 tokens and a completion of 1-5 (right padding),
+    and ``at [n, R]``, each row's response positions (clamped to the last column)."""
+    gen = torch.Generator().manual_seed(seed)
     shared = torch.randint(3, VOCAB, (7,), generator=gen).tolist()
     rows = [(shared + torch.randint(3, VOCAB, (1 + i % 3,), generator=gen).tolist(),
-             torch.randint(3, VOCAB, (1 + (2 * i) % 5,), generator=gen).tolist()) for i in range(6)]
+             torch.randint(3, VOCAB, (1 + (2 * i) % 5,), generator=gen).tolist()) for i in range(n)]
     t, r = max(len(q) + len(a) for q, a in rows), max(len(a) for _, a in rows)
-    ids, att, resp = (torch.zeros(6, t, dtype=torch.long) for _ in range(3))
-    at = torch.zeros(6, r, dtype=torch.long)
+    ids, att, resp = (torch.zeros(n, t, dtype=torch.long) for _ in range(3))
+    at = torch.zeros(n, r, dtype=torch.long)
     for i, (q, a) in enumerate(rows):  # right padding, prompts and completions of different lengths
         ids[i, : len(q) + len(a)] = torch.tensor(q + a)
         att[i, : len(q) + len(a)] = 1
         resp[i, len(q): len(q) + len(a)] = 1
         at[i] = (len(q) + torch.arange(r)).clamp(max=t - 1)
-    batch = TokenBatch(ids, att, resp)
-    valid = resp.gather(1, at) > 0
-    weights = torch.randn(6, r, generator=gen)
+    return TokenBatch(ids, att, resp), at
+
+
+def assert_score_at_equals_score(pol, batch, at, prefix):
+    """``score_at``'s log-probs, entropies, values and parameter gradients equal ``score``'s gathered at ``at``."""
+    valid = batch.response_mask.gather(1, at) > 0
+    weights = torch.randn(at.shape, generator=torch.Generator().manual_seed(2))
 
     def run(fn):
         pol.model.zero_grad(set_to_none=True)
@@ -149,12 +165,98 @@ def test_score_at_equals_score_gathered_with_its_gradients(prefix, kernel, monke
         torch.testing.assert_close(getattr(got, name)[valid], getattr(ref, name)[valid], rtol=1e-5, atol=1e-5)
     for g, h in zip(got_grads, ref_grads):
         torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-6)
-    with pytest.raises(ValueError, match="prefix"):
-        pol.score_at(batch, at, prefix_len=8)  # row 0's prompt is 8 tokens: its first response token is scored at 8
+    with torch.no_grad():  # without a graph the chunks run as they are: the same outputs
+        plain = pol.score_at(batch, at, prefix_len=prefix, with_entropy=True)
+    torch.testing.assert_close(plain.logprobs, got.logprobs, rtol=0, atol=0)
+    torch.testing.assert_close(plain.entropy, got.entropy, rtol=0, atol=0)
 
 
 def _gathered(out, at):
     return type(out)(*(None if x is None else x.gather(1, at) for x in (out.logprobs, out.entropy, out.values)))
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 17, 1000])
+def test_the_chunked_vocabulary_projection_equals_the_unchunked_math_with_its_gradients(chunk):
+    """``token_logprobs`` in chunks (smaller than ``K = 17``, not dividing it, equal to it, larger) gives the
+    log-probs, entropies and gradients (hidden states and head weight) of one ``[K, V]`` float32 softmax, soft cap
+    and temperature included."""
+    from sara.policies.vocab import chunk_rows, token_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(32, VOCAB, bias=False)
+    h0, targets = torch.randn(17, 32, generator=gen), torch.randint(0, VOCAB, (17,), generator=gen)
+    w_lp, w_ent = torch.randn(17, generator=gen), torch.randn(17, generator=gen)
+
+    def finish(x):
+        return torch.tanh(x / 3.0) * 3.0 / 0.7
+
+    def run(fn):
+        head.zero_grad(set_to_none=True)
+        h = h0.clone().requires_grad_(True)
+        lp, ent = fn(h)
+        ((lp * w_lp) + (ent * w_ent)).sum().backward()
+        return lp, ent, h.grad, head.weight.grad.clone()
+
+    def unchunked(h):
+        logits = finish(head(h).float())
+        logz = torch.logsumexp(logits, dim=-1)
+        lp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
+        return lp, logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+    ref = run(unchunked)
+    got = run(lambda h: token_logprobs(h, targets, head, finish, with_entropy=True, chunk=chunk))
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    lp, ent = token_logprobs(h0, targets, head, finish)  # the default chunk; no entropy unless asked
+    torch.testing.assert_close(lp, ref[0], rtol=1e-6, atol=1e-6)
+    assert ent is None and chunk_rows(49152) == 170 and chunk_rows(1 << 30) == 1
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 24, 1000])
+def test_score_at_in_chunks_equals_score_gathered(chunk):
+    pol = tiny_llama(value_head=True, temperature=0.7)
+    pol.vocab_chunk = chunk
+    batch, at = scored_batch(n=8)
+    k = int((batch.response_mask.gather(1, at) > 0).sum())
+    assert k == 24  # chunks smaller than K, not dividing it, equal to it, and larger
+    assert_score_at_equals_score(pol, batch, at, prefix=7)
+
+
+def test_score_at_neither_keeps_nor_makes_a_tensor_over_every_scored_position_and_the_vocabulary():
+    """With ``vocab_chunk = C < K``: no tensor saved for the backward, and none made in the forward or the backward,
+    has more than ``C`` rows of ``V`` columns (the ``[K, V]`` logits are never whole)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    pol, chunk = tiny_llama(), 4
+    pol.vocab_chunk = chunk
+    batch, at = scored_batch(n=8)
+    k = int((batch.response_mask.gather(1, at) > 0).sum())
+    saved: list[tuple[int, ...]] = []
+    made: list[tuple[int, ...]] = []
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            made.extend(tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else [out])
+                        if isinstance(t, torch.Tensor))
+            return out
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with Shapes():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = pol.score_at(batch, at, prefix_len=7, with_entropy=True)
+        (out.logprobs.sum() + out.entropy.sum()).backward()
+
+    def vocab_rows(shapes):  # rows of V entries in each tensor with a V dimension, the head's weight (and its
+        # transpose, its gradient) aside
+        return [int(np.prod(s)) // VOCAB for s in shapes if VOCAB in s and s not in ((VOCAB, 32), (32, VOCAB))]
+
+    assert k > 2 * chunk and vocab_rows(made)  # the chunks' logits are made, a chunk at a time
+    assert max(vocab_rows(saved), default=0) <= chunk, saved
+    assert max(vocab_rows(made)) <= chunk, made
 
 
 @pytest.mark.parametrize("algo", ["grpo", "grpo:loss_agg_mode=seq-mean-token-mean,drop_zero_adv_groups=true",

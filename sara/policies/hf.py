@@ -26,6 +26,7 @@ from sara.config import MIN_TEMPERATURE, SaraModel
 from sara.hub import NON_MODEL_PREFIXES, resolve_hf_model
 from sara.machine import DtypeChoice, resolve_dtype
 from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
+from sara.policies.vocab import token_logprobs
 
 __all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
 
@@ -81,6 +82,8 @@ class HFPolicy(ScoreViews):
         self.compute = self.config.compute_choice()  # the learner's dtype and why (what a run prints and records)
         if self.config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        self.vocab_chunk: int | None = None
+        """Rows of ``score_at``'s vocabulary projection per chunk (None: ``sara.policies.vocab.chunk_rows``)."""
         hidden = int(self.model.config.hidden_size)
         self.value_head: nn.Linear | None = None
         if self.config.value_head:
@@ -147,8 +150,9 @@ class HFPolicy(ScoreViews):
         The ``P = prefix_len`` leading tokens run as one row (with gradient, ``use_cache``); its per-layer keys /
         values are broadcast to the ``B`` rows (``sara.policies.prefix.broadcast_cache``), which then run their
         ``T - P`` remaining positions at positions ``P..T-1`` (right padding: a real token never attends to a pad).
-        Hidden states ``[K, D]`` of the ``K`` counted positions' predecessors go through the LM head, so logits are
-        ``[K, V]``, not ``[B, T, V]``. Positions whose ``response_mask`` is 0 get 0.
+        Hidden states ``[K, D]`` of the ``K`` counted positions' predecessors go through the LM head, ``vocab_chunk``
+        rows at a time with the logits recomputed in the backward (``sara.policies.vocab.token_logprobs``): no
+        ``[K, V]`` (let alone ``[B, T, V]``) logits are kept or made. Positions whose ``response_mask`` is 0 get 0.
         """
         if with_values and self.value_head is None:
             raise RuntimeError("this HFPolicy has no value head (value_head=False)")
@@ -163,18 +167,16 @@ class HFPolicy(ScoreViews):
         with self._autocast(), _attention_kernel(ids.shape[0] * (ids.shape[1] - p) * ids.shape[1], dev):
             hidden = self._hidden(ids, attn, p)  # [B, T - P, D]
             h = hidden[rows, pos - 1 - p]  # [K, D]: the state before each scored token
-            logits = self.model.get_output_embeddings()(h)
-        logits = self._finish_logits(logits.float())  # [K, V]
-        logz = torch.logsumexp(logits, dim=-1)
+        lp_k, ent_k = token_logprobs(h, ids[rows, pos], self.model.get_output_embeddings(), self._finish_logits,
+                                     autocast=self._autocast, with_entropy=with_entropy, chunk=self.vocab_chunk)
         shape = at.shape
 
         def place(x: torch.Tensor) -> torch.Tensor:
             return torch.zeros(shape, dtype=x.dtype, device=dev).index_put((rows, cols), x)
 
-        lp = place(logits.gather(-1, ids[rows, pos][:, None]).squeeze(-1) - logz)
-        ent = values = None
-        if with_entropy:
-            ent = place(logz - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+        lp = place(lp_k)
+        ent = None if ent_k is None else place(ent_k)
+        values = None
         if with_values:
             values = place(self.value_head(h.float()).squeeze(-1))
         return PolicyOutput(lp, ent, values)
