@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from sara.config import SaraError, validate_config
+from sara.hf_kernels import contiguous_head, group_attention
 from sara.machine import resolve_dtype
 from sara.storage import cache_root, directory_checksums, file_lock, verify_directory
 
@@ -361,40 +362,6 @@ def resolve_hf_model(model: Any, tokenizer: Any, options: Mapping[str, Any], con
         tokenizer = tokenizer or tok
     elif tokenizer is None:
         raise ValueError(f"{what}: pass tokenizer= together with a model module")
-    contiguous_head(model)
+    contiguous_head(model)  # sara.hf_kernels: what every module sara loads or copies gets
+    group_attention(model)
     return config, model, tokenizer
-
-
-def contiguous_head(module: Any) -> Any:
-    """Give the output head of ``module`` a densely laid-out input (a forward pre-hook, registered once; returns
-    ``module``).
-
-    A prefill asks for the last position's logits only (``logits_to_keep=1``), so the head gets the strided view
-    ``hidden[:, -1:, :]``. torch 2.13's CPU ``matmul`` does not fold such a 3-D input into one matrix product when
-    nothing requires grad (a generating copy, a frozen head): it runs a batched product over a copy of the transposed
-    weight broadcast to the batch. Measured here on SmolLM2's [49152, 576] head in bfloat16: 5.3 s for a [64, 1, 576]
-    view instead of 7 ms, and 127 ms for a single row. Copying the [B, 1, H] view is exact and costs microseconds.
-    """
-    head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
-    if head is not None and not getattr(head, "_sara_dense_input", False):
-        head.register_forward_pre_hook(_dense_args)
-        head._sara_dense_input = True
-    return module
-
-
-def _dense_args(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(_dense(a) for a in args)
-
-
-def _dense(x: Any) -> Any:
-    """``x`` with the row-major strides of its shape (a copy only when its strides differ, size-1 dimensions included:
-    ``Tensor.contiguous`` keeps a [1, 1, H] view's odd leading stride)."""
-    import torch
-
-    if not isinstance(x, torch.Tensor) or x.dim() < 3:
-        return x
-    want, acc = [], 1
-    for size in reversed(x.shape):
-        want.append(acc)
-        acc *= int(size)
-    return x if tuple(x.stride()) == tuple(reversed(want)) else x.clone(memory_format=torch.contiguous_format)

@@ -35,6 +35,7 @@ ROOT = Path(sara.__file__).parent
 LAYERS: dict[str, int] = {
     "sara.types": 0, "sara.units": 0, "sara.config": 0, "sara.registry": 0, "sara.seeding": 0, "sara.timing": 0,
     "sara.storage": 0, "sara.handles": 0, "sara.data": 0, "sara.configfile": 0, "sara.machine": 0, "sara.specs": 0,
+    "sara.hf_kernels": 0,
     "sara.priors": 1,
     "sara.samplers": 2, "sara.allocators": 2, "sara.algos": 2, "sara.envs": 2, "sara.metrics": 2, "sara.hub": 2,
     "sara.policies": 3, "sara.backends": 3,

@@ -1,4 +1,4 @@
-"""The output head of every HF module sara loads reads a row-major input (``sara.hub.contiguous_head``): a prefill's
+"""The output head of every HF module sara loads reads a row-major input (``sara.hf_kernels.contiguous_head``): a prefill's
 last-position view ``hidden[:, -1:, :]`` is strided, and torch's CPU matmul on such a 3-D input with a weight that
 needs no grad runs a batched product over a broadcast copy of the weight (hundreds of times slower on SmolLM2)."""
 
@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the HF backend needs torch")
 pytest.importorskip("transformers", reason="the HF backend needs transformers")
 
 from sara.envs.base import GenerationRequest, SamplingConfig  # noqa: E402
-from sara.hub import _dense, contiguous_head  # noqa: E402
+from sara.hf_kernels import _dense, contiguous_head  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
