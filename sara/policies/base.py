@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Policy", "PolicyOutput", "PrefixScorer", "ScoreViews", "TokenBatch"]
+__all__ = ["Policy", "PolicyOutput", "PrefixKV", "PrefixScorer", "ScoreViews", "TokenBatch"]
 
 
 @dataclass
@@ -67,6 +67,20 @@ class Policy(Protocol):
         ...
 
 
+@dataclass
+class PrefixKV:
+    """The keys / values of a prefix forwarded once (``PrefixScorer.prefix_kv``), to give to ``score_at``.
+
+    Attributes:
+        length: Tokens of the prefix.
+        tensors: Layer 0's keys, layer 0's values, layer 1's keys, ... (one row each, in the policy's own layout):
+            a caller may swap them for detached leaves of the same shapes (``sara.train.prefix_grad``).
+    """
+
+    length: int
+    tensors: list[Any]
+
+
 @runtime_checkable
 class PrefixScorer(Protocol):
     """A policy that scores chosen positions of rows sharing their first tokens, forwarding those tokens once.
@@ -74,11 +88,12 @@ class PrefixScorer(Protocol):
     ``score_at(batch, at, prefix_len=P)`` equals ``score(batch)`` gathered at ``at`` (to float rounding) on every
     position whose ``batch.response_mask`` is 1; it runs the ``P`` leading tokens every row shares (a task's few-shot
     examples, a chat header) once, with gradient, broadcasts their keys / values to the rows, and computes the
-    vocabulary projection only at the scored positions.
+    vocabulary projection only at the scored positions. ``prefix_kv`` forwards a prefix once for several ``score_at``
+    calls (the learner's micro-batches of one mini-batch): each call then runs only what its rows share beyond it.
     """
 
     def score_at(self, batch: TokenBatch, at: Any, *, prefix_len: int = 0, with_entropy: bool = False,
-                 with_values: bool = False) -> PolicyOutput:
+                 with_values: bool = False, prefix: PrefixKV | None = None) -> PolicyOutput:
         """One forward pass, every output ``[B, R]`` at the positions ``at [B, R]`` of ``batch.input_ids [B, T]``.
 
         Args:
@@ -89,6 +104,22 @@ class PrefixScorer(Protocol):
                 greater than ``prefix_len`` (its predecessor lies after the prefix). 0 = nothing shared. The policy may
                 share fewer tokens (the result is the same).
             with_entropy, with_values: As in ``Policy.score``.
+            prefix: The keys / values of the first ``prefix.length <= prefix_len`` tokens of every row
+                (``prefix_kv``): they are not forwarded again, and only tokens ``prefix.length..prefix_len-1`` run
+                as the shared prefix. None = forward the shared prefix here.
+        """
+        ...
+
+    def prefix_kv(self, batch: TokenBatch, prefix_len: int) -> PrefixKV | None:
+        """The first ``prefix_len`` tokens of ``batch``'s first row forwarded once (with gradient when enabled).
+
+        Args:
+            batch: Rows that all start with the same ``prefix_len`` tokens (only the first row is read).
+            prefix_len: Tokens of the prefix (``>= 1``).
+
+        Returns:
+            Their keys / values for ``score_at(..., prefix=...)``, or None when the policy cannot take given keys /
+            values now (e.g. under gradient checkpointing): the caller then calls ``score_at`` without ``prefix``.
         """
         ...
 

@@ -25,7 +25,7 @@ from torch import nn
 from sara.config import MIN_TEMPERATURE, SaraModel
 from sara.hub import NON_MODEL_PREFIXES, resolve_hf_model
 from sara.machine import DtypeChoice, resolve_dtype
-from sara.policies.base import PolicyOutput, ScoreViews, TokenBatch
+from sara.policies.base import PolicyOutput, PrefixKV, ScoreViews, TokenBatch
 from sara.policies.vocab import token_logprobs
 
 __all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
@@ -144,7 +144,7 @@ class HFPolicy(ScoreViews):
         return PolicyOutput(torch.cat([zero, lp], dim=1), ent, values)
 
     def score_at(self, batch: TokenBatch, at: torch.Tensor, *, prefix_len: int = 0, with_entropy: bool = False,
-                 with_values: bool = False) -> PolicyOutput:
+                 with_values: bool = False, prefix: PrefixKV | None = None) -> PolicyOutput:
         """``PrefixScorer.score_at``: outputs ``[B, R]`` at positions ``at [B, R]``, the shared prefix forwarded once.
 
         The ``P = prefix_len`` leading tokens run as one row (with gradient, ``use_cache``); its per-layer keys /
@@ -153,6 +153,11 @@ class HFPolicy(ScoreViews):
         Hidden states ``[K, D]`` of the ``K`` counted positions' predecessors go through the LM head, ``vocab_chunk``
         rows at a time with the logits recomputed in the backward (``sara.policies.vocab.token_logprobs``): no
         ``[K, V]`` (let alone ``[B, T, V]``) logits are kept or made. Positions whose ``response_mask`` is 0 get 0.
+        With ``prefix`` (``prefix_kv``) only tokens ``prefix.length..P-1`` of the prefix run, on top of its keys /
+        values. Under gradient checkpointing nothing is shared (P = 0, ``prefix`` unused).
+
+        Raises:
+            ValueError: a scored position not after the prefix, or a ``prefix`` longer than ``prefix_len``.
         """
         if with_values and self.value_head is None:
             raise RuntimeError("this HFPolicy has no value head (value_head=False)")
@@ -164,8 +169,13 @@ class HFPolicy(ScoreViews):
         if rows.numel() and int(pos.min()) <= p:
             raise ValueError(f"score_at: prefix_len {p} reaches a scored position ({int(pos.min())}); every scored "
                              "position must come after the prefix")
-        with self._autocast(), _attention_kernel(ids.shape[0] * (ids.shape[1] - p) * ids.shape[1], dev):
-            hidden = self._hidden(ids, attn, p)  # [B, T - P, D]
+        given = None if p == 0 or prefix is None else prefix
+        if given is not None and given.length > p:
+            raise ValueError(f"score_at: the given prefix ({given.length} tokens) is longer than prefix_len {p}")
+        # a checkpointed layer recomputes in the backward, outside this context: it must pick the default kernel
+        pairs = 0 if self.model.is_gradient_checkpointing else (ids.shape[1] - p) * ids.shape[1]
+        with self._autocast(), _attention_kernel(pairs, dev):
+            hidden = self._hidden(ids, attn, p, given)  # [B, T - P, D]
             h = hidden[rows, pos - 1 - p]  # [K, D]: the state before each scored token
         lp_k, ent_k = token_logprobs(h, ids[rows, pos], self.model.get_output_embeddings(), self._finish_logits,
                                      autocast=self._autocast, with_entropy=with_entropy, chunk=self.vocab_chunk)
@@ -181,11 +191,27 @@ class HFPolicy(ScoreViews):
             values = place(self.value_head(h.float()).squeeze(-1))
         return PolicyOutput(lp, ent, values)
 
-    def _hidden(self, ids: torch.Tensor, attn: torch.Tensor, p: int) -> torch.Tensor:
-        """Final hidden states ``[B, T - p, D]`` of positions ``p..T-1`` (``sara.policies.prefix.final_hidden``)."""
+    def prefix_kv(self, batch: TokenBatch, prefix_len: int) -> PrefixKV | None:
+        """``PrefixScorer.prefix_kv``: row 0's first ``prefix_len`` tokens forwarded once (under the policy's autocast,
+        with gradient when enabled); None under gradient checkpointing (``score_at`` shares nothing there)."""
+        if prefix_len <= 0 or self.model.is_gradient_checkpointing:
+            return None
+        from sara.policies.prefix import prefix_layers
+
+        ids = batch.input_ids.to(self.device)
+        with self._autocast(), _attention_kernel(prefix_len * prefix_len, self.device):
+            layers = prefix_layers(self.model, ids, prefix_len)
+        return PrefixKV(prefix_len, [x for kv in layers for x in kv])
+
+    def _hidden(self, ids: torch.Tensor, attn: torch.Tensor, p: int, given: PrefixKV | None = None) -> torch.Tensor:
+        """Final hidden states ``[B, T - p, D]`` of positions ``p..T-1`` (``sara.policies.prefix.final_hidden``), on
+        top of ``given``'s keys / values when set."""
         from sara.policies.prefix import final_hidden
 
-        return final_hidden(self.model, ids, attn, p)
+        if given is None:
+            return final_hidden(self.model, ids, attn, p)
+        x = given.tensors
+        return final_hidden(self.model, ids, attn, p, list(zip(x[0::2], x[1::2])), given.length)
 
     def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """What the causal LM does to its head's output (a final soft cap, e.g. Gemma 2), then the temperature."""
@@ -243,15 +269,18 @@ class HFPolicy(ScoreViews):
         return self
 
 
-_MATH_ATTENTION_PAIRS = 1 << 19
-"""Query-key pairs per head up to which ``score_at`` runs attention with the plain (math) SDPA kernel on a CPU: its
-backward is faster than the CPU flash kernel's on short rows, the flash kernel's on long ones (the crossover, measured
-on SmolLM2-135M in bfloat16: docs/results.md, "The learner at this length")."""
+_MATH_ATTENTION_PAIRS = 1 << 14
+"""Query-key pairs per row and head up to which ``score_at`` runs attention with the plain (math) SDPA kernel on a
+CPU: its backward is faster than the CPU flash kernel's on short rows, the flash kernel's on long ones (measured on
+SmolLM2-135M in bfloat16: docs/results.md, "The learner at this length": math faster at 300 and 7.2k pairs a row,
+flash at 22k and 42k; and 8 rows of ~65 positions after a given 417-token prefix, 32k a row: flash. Pairs per
+micro-batch, the former measure, put that last one on the slow math kernel)."""
 
 
 def _attention_kernel(pairs: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The SDPA kernel choice for a forward with ``pairs`` query-key pairs per head (see ``_MATH_ATTENTION_PAIRS``)."""
-    if device.type != "cpu" or pairs > _MATH_ATTENTION_PAIRS:
+    """The SDPA kernel choice for a forward with ``pairs`` query-key pairs per row and head (see
+    ``_MATH_ATTENTION_PAIRS``; 0: the default kernels)."""
+    if device.type != "cpu" or pairs <= 0 or pairs > _MATH_ATTENTION_PAIRS:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["broadcast_cache", "common_prefix_len", "final_hidden"]
+__all__ = ["broadcast_cache", "common_prefix_len", "final_hidden", "prefix_layers"]
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -51,20 +51,42 @@ def broadcast_cache(layers: Sequence[tuple[Any, Any]], rows: int, config: Any = 
     return cache
 
 
-def final_hidden(model: Any, ids: Any, attn: Any, p: int) -> Any:
+def prefix_layers(model: Any, ids: Any, p: int, given: Sequence[tuple[Any, Any]] | None = None, q: int = 0
+                  ) -> list[tuple[Any, Any]]:
+    """Per layer ``(keys, values)`` ``[1, H, p, D]`` of the first ``p`` tokens of ``ids[0]`` (a transformers causal LM).
+
+    Args:
+        model: The causal LM.
+        ids: Token ids ``[B, T]`` (only row 0's first ``p`` are read).
+        p: Tokens of the prefix (``>= 1``).
+        given: The keys / values of its first ``q`` tokens, already forwarded (``[1, H, q, D]`` per layer): only
+            tokens ``q..p-1`` run, on top of them. None = run all ``p``.
+        q: Tokens ``given`` holds (``<= p``).
+    """
+    if given is not None and q >= p:
+        return list(given)
+    import torch
+    from transformers import DynamicCache
+
+    cache = broadcast_cache(given, 1, model.config) if given is not None else DynamicCache(config=model.config)
+    positions = torch.arange(q, p, device=ids.device)[None]
+    pre = model.get_decoder()(input_ids=ids[:1, q:p], position_ids=positions, past_key_values=cache,
+                              use_cache=True).past_key_values
+    return [(layer.keys, layer.values) for layer in pre.layers]
+
+
+def final_hidden(model: Any, ids: Any, attn: Any, p: int, given: Sequence[tuple[Any, Any]] | None = None,
+                 q: int = 0) -> Any:
     """Final hidden states ``[B, T - p, D]`` of positions ``p..T-1`` of a transformers causal LM, the first ``p``
     tokens (the same in every row of ``ids [B, T]``) forwarded once and broadcast (``attn [B, T]``: 1 on real
-    tokens)."""
+    tokens); ``given`` / ``q``: the first ``q`` of them already forwarded (``prefix_layers``)."""
     decoder = model.get_decoder()
     if p == 0:
         return decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     import torch
-    from transformers import DynamicCache
 
     b, t = ids.shape
-    pre = decoder(input_ids=ids[:1, :p], past_key_values=DynamicCache(config=model.config),
-                  use_cache=True).past_key_values
-    cache = broadcast_cache([(layer.keys, layer.values) for layer in pre.layers], b, model.config)
+    cache = broadcast_cache(prefix_layers(model, ids, p, given, q), b, model.config)
     positions = torch.arange(p, t, device=ids.device).expand(b, -1)
     return decoder(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions, past_key_values=cache,
                    use_cache=True).last_hidden_state

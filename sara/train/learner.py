@@ -9,10 +9,11 @@ rollouts that carry token ids. ``train_step`` calls its three phases by name so 
 
 Every forward runs over micro-batches (``sara.train.microbatch``: at most ``OptimConfig.microbatch_tokens`` positions
 each, rows grouped by shared prompt prefix) and a mini-batch's micro-batch gradients are accumulated, with the
-mini-batch's loss denominators, before its ONE optimizer step. A ``PrefixScorer`` policy (``HFPolicy``) forwards each
-micro-batch's shared prefix once and projects to the vocabulary only at response positions; other policies run
-``Policy.score`` and the response positions are gathered. Log-probs come with the entropy only when the algorithm's
-loss uses it (``AlgoSpec.needs_entropy``) and values only when it trains a critic.
+mini-batch's loss denominators, before its ONE optimizer step. A ``PrefixScorer`` policy (``HFPolicy``) forwards the
+prefix all rows of a mini-batch share once for all its micro-batches (``sara.train.prefix_grad``), the rest of each
+micro-batch's shared prefix once per micro-batch, and projects to the vocabulary only at response positions; other
+policies run ``Policy.score`` and the response positions are gathered. Log-probs come with the entropy only when the
+algorithm's loss uses it (``AlgoSpec.needs_entropy``) and values only when it trains a critic.
 
 Old log-probs: with one optimizer step per batch (one epoch, one mini-batch) they equal the update's own log-probs
 before its step, so they are that forward's, detached (verl does the same), and ``advantages`` runs no policy forward
@@ -35,7 +36,8 @@ import numpy as np
 
 from sara.train.config import OptimConfig
 from sara.train.heap import bound_heap, trim_heap
-from sara.train.microbatch import MicroBatch, plan_microbatches
+from sara.train.microbatch import MicroBatch, plan_microbatches, shared_prefix
+from sara.train.prefix_grad import SharedPrefix
 
 if TYPE_CHECKING:
     import torch
@@ -224,10 +226,11 @@ class Learner:
                *, step: int) -> dict[str, float]:
         """``epochs`` passes of shuffled mini-batches, one optimizer step each; mean ``algo/...`` metrics.
 
-        Each mini-batch: its loss denominators, then per micro-batch a forward with gradient, its loss (divided by
-        the mini-batch's counts) and a backward; then the mini-batch's metrics from the detached outputs (what one
-        forward would report), gradient clipping and ONE optimizer step. Gradients are freed after the step, and the
-        heap pages the update's activations freed are handed back to the OS at its end (``sara.train.heap.trim_heap``).
+        Each mini-batch: its loss denominators, the prefix all its rows share forwarded once (``SharedPrefix``), then
+        per micro-batch a forward with gradient on top of it, its loss (divided by the mini-batch's counts) and a
+        backward; the prefix's summed gradient back through it once; then the mini-batch's metrics from the detached
+        outputs (what one forward would report), gradient clipping and ONE optimizer step. Gradients are freed after
+        the step, and the heap pages the update's activations freed go back to the OS at its end (``trim_heap``).
         """
         import torch
 
@@ -247,13 +250,16 @@ class Learner:
                 den = self.algo.loss_denominators(targets["advantages"], sub.response_mask, sub.group_ids)
                 self.optimizer.zero_grad(set_to_none=True)
                 outs = []
-                for micro in self._plan(sub):
+                shared, plan = self._prepare(self.policy, sub)
+                for micro in plan:
                     rows = torch.as_tensor(micro.rows, device=idx.device)
                     out = self._forward(self.policy, sub, micro, with_entropy=self.algo.needs_entropy,
-                                        with_values=self.algo.needs_critic)
+                                        with_values=self.algo.needs_critic, shared=shared)
                     loss, _ = self.algo.compute_loss(self._loss_inputs(sub, targets, out, rows), den)
                     loss.backward()
                     outs.append((rows, _detached(out)))  # the micro-batch's graph goes now
+                if shared is not None:
+                    shared.backward()  # the shared prefix's gradient, once, before clipping
                 whole = _assemble(outs, len(idx))  # detached [n, R]: the mini-batch's metrics, as one forward's
                 _, m = self.algo.compute_loss(self._loss_inputs(sub, targets, whole, None), den)
                 if targets["old_logprobs"] is None:
@@ -288,17 +294,20 @@ class Learner:
         self.optimizer_steps = int(state["optimizer_steps"])
 
     # ------------------------------------------------------------------------------------------------ forwards
-    def _plan(self, b: Batch) -> list[MicroBatch]:
-        """``b``'s micro-batches (``plan_microbatches`` under ``optim.microbatch_tokens``)."""
-        ids = b.tokens.input_ids.cpu().numpy()
-        plens = b.prompts().tolist()
-        prompts = [tuple(ids[i, :p].tolist()) for i, p in enumerate(plens)]
-        lengths = b.tokens.attention_mask.sum(1).tolist()
-        return plan_microbatches(prompts, lengths, self.optim.microbatch_tokens, share=self.shares_prefix)
+    def _plan(self, b: Batch, given: int = 0) -> list[MicroBatch]:
+        """``b``'s micro-batches (``plan_microbatches`` under ``optim.microbatch_tokens``, ``given`` tokens given)."""
+        return plan_microbatches(_prompts(b), b.tokens.attention_mask.sum(1).tolist(), self.optim.microbatch_tokens,
+                                 share=self.shares_prefix, given=given)
+
+    def _prepare(self, policy: Any, b: Batch) -> tuple[SharedPrefix | None, list[MicroBatch]]:
+        """The prefix every row of ``b`` shares forwarded once by ``policy`` (None: none, not a ``PrefixScorer``, or
+        it cannot give keys / values, e.g. under gradient checkpointing) and ``b``'s micro-batches planned on it."""
+        shared = SharedPrefix.forward(policy, b.tokens, shared_prefix(_prompts(b))) if self.shares_prefix else None
+        return shared, self._plan(b, given=0 if shared is None else shared.kv.length)
 
     def _forward(self, policy: Any, b: Batch, micro: MicroBatch, *, with_entropy: bool = False,
-                 with_values: bool = False) -> Any:
-        """One forward of ``micro``'s rows of ``b``, outputs ``[n, R]`` at the response positions."""
+                 with_values: bool = False, shared: SharedPrefix | None = None) -> Any:
+        """One forward of ``micro``'s rows of ``b`` (on ``shared`` if set), outputs ``[n, R]`` at response positions."""
         import torch
 
         from sara.policies.base import PolicyOutput, TokenBatch
@@ -309,7 +318,7 @@ class Learner:
         at = b.resp_index[rows].clamp(max=w - 1)
         if self.shares_prefix:
             return policy.score_at(tokens, at, prefix_len=micro.prefix, with_entropy=with_entropy,
-                                   with_values=with_values)
+                                   with_values=with_values, prefix=None if shared is None else shared.kv)
         out = policy.score(tokens, with_entropy=with_entropy, with_values=with_values)
         return PolicyOutput(out.logprobs.gather(1, at), None if out.entropy is None else out.entropy.gather(1, at),
                             None if out.values is None else out.values.gather(1, at))
@@ -318,8 +327,9 @@ class Learner:
         """``policy``'s outputs ``[N, R]`` on every row of ``b``, micro-batch by micro-batch (call without grad)."""
         import torch
 
+        shared, plan = self._prepare(policy, b)  # no graph: its keys / values as they are
         outs = [(torch.as_tensor(micro.rows, device=b.rewards.device),
-                 self._forward(policy, b, micro, with_values=with_values)) for micro in self._plan(b)]
+                 self._forward(policy, b, micro, with_values=with_values, shared=shared)) for micro in plan]
         return _assemble(outs, len(b.rewards))
 
     def _loss_inputs(self, b: Batch, targets: Mapping[str, Any], out: Any, rows: Any) -> Any:
@@ -342,6 +352,11 @@ def planned_optimizer_steps(steps: int, groups_per_step: int, k: int, epochs: in
     """Optimizer steps a run of ``steps`` full batches makes (the horizon of the decay schedules)."""
     per_batch = math.ceil(groups_per_step * k / minibatch_rollouts) if minibatch_rollouts else 1
     return max(1, steps * epochs * per_batch)
+
+
+def _prompts(b: Batch) -> list[tuple[int, ...]]:
+    """Each row's prompt token ids."""
+    return [tuple(row[:p]) for row, p in zip(b.tokens.input_ids.tolist(), b.prompts().tolist())]
 
 
 def _rows(x: Any, idx: Any) -> Any:

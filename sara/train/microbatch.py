@@ -11,6 +11,10 @@ cuts the sorted order into contiguous micro-batches that minimise the total forw
 ``CALL_OVERHEAD_TOKENS`` per micro-batch, each within the budget (dynamic programming over the cut points; a row
 longer than the budget is a micro-batch of its own). Without prefix sharing the rows are sorted by length instead
 (less padding).
+
+When the prefix EVERY row shares (``shared_prefix``) is forwarded once for the whole mini-batch and its keys / values
+given to each micro-batch (``PrefixScorer.prefix_kv``; ``plan_microbatches(..., given=...)``), a micro-batch forwards
+only the part of its own prefix beyond it: ``prefix - given + rows x (width - prefix)`` positions.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CALL_OVERHEAD_TOKENS", "MicroBatch", "plan_microbatches"]
+__all__ = ["CALL_OVERHEAD_TOKENS", "MicroBatch", "plan_microbatches", "shared_prefix"]
 
 CALL_OVERHEAD_TOKENS = 128
 """What one more forward call costs, in forwarded positions: per-call work that does not scale with the tokens (op
@@ -39,20 +43,36 @@ class MicroBatch:
         prefix: Leading tokens every row shares that are forwarded once (0 = none; always shorter than every row's
             prompt, so each row's first response token is predicted after the prefix).
         width: Positions of the longest row (the micro-batch's padded length).
+        given: Leading tokens of ``prefix`` whose keys / values are given (forwarded once per mini-batch), 0 = none.
     """
 
     rows: np.ndarray
     prefix: int
     width: int
+    given: int = 0
 
     @property
     def tokens(self) -> int:
-        """Forwarded positions: the prefix once, then every row's remaining padded positions."""
-        return self.prefix + len(self.rows) * (self.width - self.prefix)
+        """Forwarded positions: the prefix beyond ``given`` once, then every row's remaining padded positions."""
+        return self.prefix - self.given + len(self.rows) * (self.width - self.prefix)
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]], min_prefix: int = 8) -> int:
+    """Leading tokens every row's prompt shares, at most the shortest prompt's length - 1; 0 if under ``min_prefix``.
+
+    Args:
+        prompts: Each row's prompt token ids.
+        min_prefix: As in ``plan_microbatches``.
+    """
+    if not prompts:
+        return 0
+    common = min(_lcp(prompts[0], p) for p in prompts) if len(prompts) > 1 else len(prompts[0])
+    common = min(common, min(len(p) for p in prompts) - 1)
+    return common if common >= max(min_prefix, 1) else 0
 
 
 def plan_microbatches(prompts: Sequence[Sequence[int]], lengths: Sequence[int], budget: int | None, *,
-                      share: bool = True, min_prefix: int = 8) -> list[MicroBatch]:
+                      share: bool = True, min_prefix: int = 8, given: int = 0) -> list[MicroBatch]:
     """Split rows into micro-batches of at most ``budget`` forwarded positions (see the module docstring).
 
     Args:
@@ -61,6 +81,8 @@ def plan_microbatches(prompts: Sequence[Sequence[int]], lengths: Sequence[int], 
         budget: Most forwarded positions per micro-batch; None = one micro-batch of all rows.
         share: Plan shared prefixes (the policy is a ``PrefixScorer``); False = every prefix 0.
         min_prefix: The shortest shared prefix worth a forward of its own; shorter ones count as 0.
+        given: Leading tokens every row shares whose keys / values the micro-batches are given (``shared_prefix``;
+            with ``share``): not counted in any micro-batch's positions. 0 = every micro-batch forwards its prefix.
 
     Returns:
         Micro-batches covering every row exactly once.
@@ -68,6 +90,7 @@ def plan_microbatches(prompts: Sequence[Sequence[int]], lengths: Sequence[int], 
     n = len(prompts)
     if n == 0:
         return []
+    given = given if share else 0
     lens = np.asarray(lengths, dtype=np.int64)
     plens = np.asarray([len(p) for p in prompts], dtype=np.int64)
     if share:
@@ -95,7 +118,7 @@ def plan_microbatches(prompts: Sequence[Sequence[int]], lengths: Sequence[int], 
                                 np.minimum.accumulate(s_plens[starts]) - 1)
             prefix = prefix_of(common)
             size = j - starts
-            tokens = prefix + size * (width - prefix)
+            tokens = np.maximum(prefix - given, 0) + size * (width - prefix)
             ok = (tokens <= budget) | (size == 1)
             last = len(ok) if ok.all() else int(np.argmin(ok))  # a range only gets dearer as it grows
             total = best[starts[:last]] + tokens[:last] + CALL_OVERHEAD_TOKENS
@@ -109,7 +132,7 @@ def plan_microbatches(prompts: Sequence[Sequence[int]], lengths: Sequence[int], 
     for i, j in zip(cuts[:-1], cuts[1:]):
         common = min(int(lcp[i:j - 1].min()) if j - i > 1 else np.iinfo(np.int64).max, int(s_plens[i:j].min()) - 1)
         shared = int(prefix_of(np.asarray([max(common, 0)]))[0])
-        out.append(MicroBatch(rows=order[i:j], prefix=shared, width=int(s_lens[i:j].max())))
+        out.append(MicroBatch(rows=order[i:j], prefix=shared, width=int(s_lens[i:j].max()), given=min(given, shared)))
     return out
 
 
