@@ -184,3 +184,28 @@ def test_the_report_measures_what_the_saving_depends_on_per_cell():
     assert "| ds | ≥ 8.0 ± " in text and "| ds | 2 | A: 1; B: 1 |" in text and "| sara | 2 | A: 2 |" in text
     assert f"| 0.47 ± {s['effective_groups_to_target_ratio_half']:.2f} |" in text
     assert math.isfinite(s["generation_share"]["half"])
+
+
+def test_a_micro_batch_budget_pools_and_runs_stored_before_a_field_turned_volatile_keep_pooling(tmp_path, run_cli,
+                                                                                             counted):
+    """The micro-batch budget splits the same loss into forwards (like threads): runs pool across it. A record stored
+    while it was still in the hash (its config carries the field) is hashed under today's ``VOLATILE``."""
+    pytest.importorskip("torch")
+    from sara.experiments.store import config_hash, record_hash
+
+    store = tmp_path / "results" / "s"
+    base = ("--allocators", "ds", "--store", str(store))
+    assert run_cli(_matrix(*base, "--out", str(tmp_path / "a")))[0] == 0
+    path = store / "cells" / "grpo-ds" / "seed0.json"
+    rec = json.loads(path.read_text())
+    assert "microbatch_tokens" not in rec["config"]["optim"]
+    rec["config"]["optim"]["microbatch_tokens"] = 2048  # as a run stored before the field was volatile
+    rec["config_hash"] = config_hash(rec["config"])
+    assert record_hash(rec) != rec["config_hash"]
+    path.write_text(json.dumps(rec, sort_keys=True, indent=1) + "\n")
+    counted.clear()
+    rc, err = run_cli(_matrix(*base, "--seeds", "2", "--out", str(tmp_path / "b"), "--json", str(tmp_path / "m.json"),
+                              sets=("optim.microbatch_tokens=512",)))
+    assert rc == 0 and counted == ["grpo-ds-seed1"], err
+    cells = json.loads((tmp_path / "m.json").read_text())["cells"]
+    assert [c["cell"] for c in cells] == ["ds"] and [r["seed"] for r in cells[0]["runs"]] == [0, 1]

@@ -28,14 +28,17 @@ from typing import Any
 from sara.config import ConfigError
 from sara.storage import atomic_write
 
-__all__ = ["FORMAT", "MARK", "VOLATILE", "DROPPED", "ResultStore", "store_view", "config_hash", "sara_version",
+__all__ = ["FORMAT", "MARK", "VOLATILE", "DROPPED", "ResultStore", "store_view", "config_hash", "record_hash", "sara_version",
            "sara_commit", "store_report"]
 
 FORMAT = 1
 MARK = "store.json"
 VOLATILE = ("name", "out_dir", "threads", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "seed",
-            "ray.enabled", "ray.num_workers", "ray.address")
-"""Run config fields outside a run's config hash: where and how fast it runs, and its seed (a store holds seeds)."""
+            "ray.enabled", "ray.num_workers", "ray.address", "optim.microbatch_tokens")
+"""Run config fields outside a run's config hash: where and how fast it runs (the micro-batch budget splits the same
+loss and gradient into forwards, as threads split a matmul), and its seed (a store holds seeds). A stored run's hash
+is recomputed from its stored config under this list (``record_hash``), so adding a field here keeps earlier runs
+pooled."""
 DROPPED = ("out_dir", "files", "checkpoint")
 """Summary fields a store leaves out: paths on the machine that ran it."""
 
@@ -81,6 +84,23 @@ def store_view(cfg: Mapping[str, Any], base_sampler: str) -> dict[str, Any]:
     for key in (*VOLATILE, "algo", "allocator"):
         _drop(view, key)
     view["sampler"] = base_sampler
+    return view
+
+
+def record_hash(rec: Mapping[str, Any]) -> str:
+    """A stored run's config hash under today's ``VOLATILE``: its stored config without those fields (the hash it
+    was stored with when the config is missing)."""
+    view = _record_view(rec)
+    return str(rec.get("config_hash")) if view is None else config_hash(view)
+
+
+def _record_view(rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    cfg = rec.get("config")
+    if not isinstance(cfg, dict):
+        return None
+    view: dict[str, Any] = json.loads(json.dumps(cfg))
+    for key in VOLATILE:
+        _drop(view, key)
     return view
 
 
@@ -176,9 +196,9 @@ class ResultStore:
         key, version = config_hash(view), sara_version()
         if not allow_mixed:
             for rec in self.records():
-                if (rec.get("config_hash"), rec.get("sara_version")) != (key, version):
+                if (record_hash(rec), rec.get("sara_version")) != (key, version):
                     what = (f"sara {rec.get('sara_version')}, this is sara {version}"
-                            if rec.get("config_hash") == key else _first_difference(rec.get("config"), view))
+                            if record_hash(rec) == key else _first_difference(_record_view(rec), view))
                     raise ConfigError(
                         f"sara matrix: {self.root} holds {rec['cell']['name']} seed {rec['seed']} of "
                         f"another config or version ({what}); never pooled: use a new --store DIR, or "
@@ -191,7 +211,7 @@ class ResultStore:
             if (rec["cell"].get("algo"), rec["cell"].get("spec")) != (cell.algo, cell.spec):
                 raise ConfigError(f"sara matrix: {path} holds cell {rec['cell'].get('algo')} x "
                                   f"{rec['cell'].get('spec')}, not {cell.algo} x {cell.spec}; use a new --store DIR")
-            if (rec.get("config_hash"), rec.get("sara_version")) == (key, version):
+            if (record_hash(rec), rec.get("sara_version")) == (key, version):
                 stored[i] = self._result(rec)
             else:  # allow_mixed: the stored run stays, this seed does not run again
                 stored[i] = None
@@ -229,7 +249,7 @@ class ResultStore:
         from sara.machine import machine_kind
 
         kind = machine_kind(dict(rec["machine"])) if isinstance(rec.get("machine"), dict) else rec.get("machine_kind")
-        return {**rec["result"], "machine_kind": kind, "config_hash": rec.get("config_hash"),
+        return {**rec["result"], "machine_kind": kind, "config_hash": record_hash(rec),
                 "sara_version": rec.get("sara_version")}
 
     def runs(self, *, order: Sequence[str] = (), main: tuple[str, str] | None = None
@@ -258,12 +278,12 @@ class ResultStore:
                               f"{self.root} first")
         counts: dict[tuple[str, str], int] = {}
         for rec in records:
-            k = (str(rec.get("config_hash")), str(rec.get("sara_version")))
+            k = (record_hash(rec), str(rec.get("sara_version")))
             counts[k] = counts.get(k, 0) + 1
         if main is None or main not in counts:
             main = min(counts, key=lambda k: (-counts[k], k))
         rank = {name: i for i, name in enumerate(order)}
-        variant = lambda r: (str(r.get("config_hash")), str(r.get("sara_version")))  # noqa: E731
+        variant = lambda r: (record_hash(r), str(r.get("sara_version")))  # noqa: E731
         records.sort(key=lambda r: (rank.get(r["cell"]["name"], len(rank)), r["cell"]["name"], variant(r) != main,
                                     variant(r), r["seed"]))
         out = []
