@@ -289,16 +289,13 @@ class SaraRolloutWorker:
         Returns:
             ``eval/acc_sample``, the solved / unsolved / mixed fractions, ``time/eval`` and ``eval/weights_version``.
         """
-        from types import SimpleNamespace
-
         from sara.train.config import EvalConfig
         from sara.train.evaluate import held_out_accuracy
 
-        config = SimpleNamespace(seed=seed, eval=EvalConfig(num_prompts=num_prompts, samples=samples, greedy=False,
-                                                            by=None))
+        settings = EvalConfig(num_prompts=num_prompts, samples=samples, greedy=False, by=None)
         self.gate.hold()
         try:
-            out = held_out_accuracy(config, eval_env)
+            out = held_out_accuracy(settings, seed, eval_env)
             out["eval/weights_version"] = float(self.backend_version)
         finally:
             self.gate.release()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -15,39 +15,30 @@ if TYPE_CHECKING:
     from sara.train.config import EvalConfig
     from sara.train.progress import StepProgress
 
-__all__ = ["EvalSettings", "held_out_accuracy"]
+__all__ = ["held_out_accuracy"]
 
 
-class EvalSettings(Protocol):
-    """What an evaluation reads of a run's configuration: a ``TrainConfig``, or any object with these two."""
-
-    @property
-    def seed(self) -> int: ...
-    @property
-    def eval(self) -> EvalConfig: ...
-
-
-def held_out_accuracy(config: EvalSettings, eval_env: RolloutEnv | None, greedy_env: RolloutEnv | None = None,
+def held_out_accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv | None, greedy_env: RolloutEnv | None = None,
                       progress: StepProgress | None = None) -> dict[str, float]:
-    """``eval/acc_sample`` (training temperature, ``config.eval.samples`` per prompt), the same per
-    ``config.eval.by`` label (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed,
-    ``eval/acc_greedy`` (when ``config.eval.greedy``) and ``time/eval``.
+    """``eval/acc_sample`` (training temperature, ``ec.samples`` per prompt), the same per ``ec.by`` label
+    (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed, ``eval/acc_greedy``
+    (when ``ec.greedy``) and ``time/eval``.
 
     Args:
-        config: The run's ``TrainConfig`` (``eval`` and ``seed`` are read).
+        ec: The run's evaluation settings (``TrainConfig.eval``).
+        seed: The run's seed (the evaluation's rollout seeds derive from it).
         eval_env: Environment over the held-out prompts at the training temperature (None: no held-out split, ``{}``).
-        greedy_env: The same prompts decoded greedily (needed when ``config.eval.greedy``).
+        greedy_env: The same prompts decoded greedily (needed when ``ec.greedy``).
         progress: A ``sara.train.progress.StepProgress`` told when each evaluation starts and how long it took.
     """
     from sara.seeding import derive_seeds
     from sara.types import RolloutRequest
 
-    ec = config.eval
     if eval_env is None:
         return {}
     t0 = time.perf_counter()
     prompts = list(eval_env.prompts[: ec.num_prompts])
-    seeds = derive_seeds(config.seed, 0xE7A1, np.arange(len(prompts))[:, None], np.arange(ec.samples)[None])
+    seeds = derive_seeds(seed, 0xE7A1, np.arange(len(prompts))[:, None], np.arange(ec.samples)[None])
     reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=tuple(int(x) for x in seeds[i]))
             for i, p in enumerate(prompts)]
     if progress is not None:
@@ -62,7 +53,7 @@ def held_out_accuracy(config: EvalSettings, eval_env: RolloutEnv | None, greedy_
         reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=(0,)) for i, p in enumerate(prompts)]
         if progress is not None:
             progress.evaluating(len(prompts), "greedy held-out", quote_last=False)
-        greedy = cast("RolloutEnv", greedy_env)  # given with eval.greedy (see Args)
+        greedy = cast("RolloutEnv", greedy_env)  # given with ec.greedy (see Args)
         out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in greedy.rollout(reqs)]))
     out["time/eval"] = time.perf_counter() - t0
     if progress is not None:

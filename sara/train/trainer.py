@@ -308,7 +308,7 @@ class Trainer:
         (``sara.train.evaluate``)."""
         from sara.train.evaluate import held_out_accuracy
 
-        out = held_out_accuracy(self.config, self.eval_env, self.greedy_env, self.progress)
+        out = held_out_accuracy(self.config.eval, self.config.seed, self.eval_env, self.greedy_env, self.progress)
         if out:
             self.evals.append({"step": float(self.step), **out})
         return out
