@@ -69,13 +69,19 @@ def prefixed_groups(seed: int = 0, n_groups: int = 7, vocab: int = VOCAB, lo: in
 
     a = rand(9)
     prefixes = [a, rand(12), a[:3] + rand(7)]
+    return groups_of(((*prefixes[gid % 3], *rand(1 + gid % 3)) for gid in range(n_groups)), rand, max_tokens=5)
+
+
+def groups_of(prompts, rand, *, max_tokens: int):
+    """One committed group per prompt of the iterable ``prompts`` (ids ``p0, p1, ...``): 1-4 rollouts of
+    1-``max_tokens`` tokens drawn by ``rand(n)`` right after their prompt (a lazy iterable keeps the draws
+    interleaved), rewards mixed by a fixed pattern."""
     out = []
-    for gid in range(n_groups):
-        prompt = (*prefixes[gid % 3], *rand(1 + gid % 3))
+    for gid, prompt in enumerate(prompts):
+        n = [1 + (gid + 2 * j) % max_tokens for j in range(1 + gid % 4)]
         rollouts = tuple(Rollout(prompt_id=f"p{gid}", pool_index=gid, completion="x", reward=float((gid + j) % 3 == 0),
-                                 num_tokens=1 + (gid + 2 * j) % 5, token_ids=tuple(rand(1 + (gid + 2 * j) % 5)),
-                                 logprobs=tuple([-2.0] * (1 + (gid + 2 * j) % 5)), prompt_token_ids=prompt)
-                         for j in range(1 + gid % 4))
+                                 num_tokens=m, token_ids=tuple(rand(m)), logprobs=tuple([-2.0] * m),
+                                 prompt_token_ids=tuple(prompt)) for j, m in enumerate(n))
         out.append(Group(group_id=gid, prompt=Prompt(id=f"p{gid}", prompt="q"), pool_index=gid, rollouts=rollouts,
                          decision=Decision.COMMIT))
     return out

@@ -16,8 +16,14 @@ from sara.algos import make_algo  # noqa: E402
 from sara.train import Learner, OptimConfig, make_batch  # noqa: E402
 from sara.train.microbatch import plan_microbatches, shared_prefix  # noqa: E402
 from sara.train.prefix_grad import SharedPrefix  # noqa: E402
-from sara.types import Decision, Group, Prompt, Rollout  # noqa: E402
-from tests.test_learner_fast import VOCAB, PlainView, assert_same_step, captured_step, tiny_llama  # noqa: E402
+from tests.test_learner_fast import (  # noqa: E402
+    VOCAB,
+    PlainView,
+    assert_same_step,
+    captured_step,
+    groups_of,
+    tiny_llama,
+)
 
 PREAMBLE = 20
 
@@ -31,16 +37,7 @@ def preamble_groups(seed: int = 0, n_groups: int = 8):
         return torch.randint(3, VOCAB, (n,), generator=gen).tolist()
 
     pre, subs = rand(PREAMBLE), [rand(4), rand(4), []]
-    out = []
-    for gid in range(n_groups):
-        prompt = (*pre, *subs[gid % 3], *rand(1 + gid % 3))
-        rollouts = tuple(Rollout(prompt_id=f"p{gid}", pool_index=gid, completion="x", reward=float((gid + j) % 3 == 0),
-                                 num_tokens=1 + (gid + 2 * j) % 6, token_ids=tuple(rand(1 + (gid + 2 * j) % 6)),
-                                 logprobs=tuple([-2.0] * (1 + (gid + 2 * j) % 6)), prompt_token_ids=prompt)
-                         for j in range(1 + gid % 4))
-        out.append(Group(group_id=gid, prompt=Prompt(id=f"p{gid}", prompt="q"), pool_index=gid, rollouts=rollouts,
-                         decision=Decision.COMMIT))
-    return out
+    return groups_of(((*pre, *subs[gid % 3], *rand(1 + gid % 3)) for gid in range(n_groups)), rand, max_tokens=6)
 
 
 class DecoderCalls:

@@ -33,24 +33,26 @@ def _modules() -> list[Path]:
     return out
 
 
-def _is_any(node: ast.expr | None) -> bool:
-    """``node`` is ``Any`` / ``typing.Any`` (a string annotation is read as the expression it holds)."""
+def _expression(node: ast.expr | None) -> ast.expr | None:
+    """``node``, or the expression a string annotation holds (None when it does not parse)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         try:
-            node = ast.parse(node.value, mode="eval").body
+            return ast.parse(node.value, mode="eval").body
         except SyntaxError:
-            return False
+            return None
+    return node
+
+
+def _is_any(node: ast.expr | None) -> bool:
+    """``node`` is ``Any`` / ``typing.Any`` (a string annotation is read as the expression it holds)."""
+    node = _expression(node)
     return (isinstance(node, ast.Name) and node.id == "Any") or (isinstance(node, ast.Attribute)
                                                                  and node.attr == "Any")
 
 
 def _is_bare_any(node: ast.expr | None) -> bool:
     """``node`` is a bare ``Any``, alone or in a union at the top (``Any | None``, ``Optional[Any]``, ``Union[...]``)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        try:
-            node = ast.parse(node.value, mode="eval").body
-        except SyntaxError:
-            return False
+    node = _expression(node)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
         return _is_bare_any(node.left) or _is_bare_any(node.right)
     if isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)):
