@@ -273,11 +273,16 @@ def _flops(module: Any, learner: Any, b: Any) -> dict[str, float]:
     n, t = b.tokens.input_ids.shape
     pairs = n * t * (t + 1) / 2  # causal (query, key) pairs of the padded batch
     naive_fwd = n * t * (per_pos + per_head) + pairs * width
-    shipped = needed = 0.0
     scored = b.response_mask.sum(1).tolist()
-    for micro in learner._plan(b):
+    given = learner.shared_length(b)  # forwarded once per update, its keys / values given to every micro-batch
+
+    def prefix(lo: int, hi: int) -> float:  # positions lo..hi-1 of a prefix, each attending to those before it
+        return (hi - lo) * per_pos + (hi * (hi + 1) - lo * (lo + 1)) / 2 * width
+
+    shipped = needed = 3 * prefix(0, given)
+    for micro in learner._plan(b, given=given):
         p, w, rows = micro.prefix, micro.width, micro.rows.tolist()
-        pre = p * per_pos + p * (p + 1) / 2 * width
+        pre = prefix(given, p)
         shipped += 3 * (pre + len(rows) * (w - p) * per_pos + len(rows) * sum(range(p + 1, w + 1)) * width
                         + sum(scored[i] for i in rows) * per_head)
         needed += 3 * (pre + sum((lens[i] - p) * per_pos + sum(range(p + 1, lens[i] + 1)) * width + scored[i] * per_head

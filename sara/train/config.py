@@ -5,6 +5,7 @@ loading from YAML/JSON. Every invalid value is a ``ConfigError`` that names the 
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from sara.config import (
 from sara.driver import DriverConfig
 
 __all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads",
+           "planned_optimizer_steps",
            "MAX_GROUP_SIZE", "MAX_GROUPS_PER_STEP", "MAX_NEW_TOKENS", "MAX_STEP_ROLLOUTS", "MAX_STEP_TOKENS",
            "MAX_THREADS", "MAX_EPOCHS", "MAX_KEPT_CHECKPOINTS", "MAX_OPTIMIZER_STEPS", "MAX_ROLLOUTS"]
 
@@ -364,6 +366,13 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
     data = apply_overrides(data, overrides, model=TrainConfig)
     data.update(values or {})
     return validate_config(TrainConfig, data, what="train config")
+
+
+def planned_optimizer_steps(steps: int, groups_per_step: int, k: int, epochs: int, minibatch_rollouts: int | None
+                            ) -> int:
+    """Optimizer steps a run of ``steps`` full batches makes (the horizon of the decay schedules)."""
+    per_batch = math.ceil(groups_per_step * k / minibatch_rollouts) if minibatch_rollouts else 1
+    return max(1, steps * epochs * per_batch)
 
 
 def default_threads() -> int:

@@ -299,10 +299,14 @@ class Learner:
         return plan_microbatches(_prompts(b), b.tokens.attention_mask.sum(1).tolist(), self.optim.microbatch_tokens,
                                  share=self.shares_prefix, given=given)
 
+    def shared_length(self, b: Batch) -> int:
+        """Leading tokens every row of ``b`` shares that an update forwards once (0: none, or not a ``PrefixScorer``)."""
+        return shared_prefix(_prompts(b)) if self.shares_prefix else 0
+
     def _prepare(self, policy: Any, b: Batch) -> tuple[SharedPrefix | None, list[MicroBatch]]:
-        """The prefix every row of ``b`` shares forwarded once by ``policy`` (None: none, not a ``PrefixScorer``, or
-        it cannot give keys / values, e.g. under gradient checkpointing) and ``b``'s micro-batches planned on it."""
-        shared = SharedPrefix.forward(policy, b.tokens, shared_prefix(_prompts(b))) if self.shares_prefix else None
+        """The prefix every row of ``b`` shares forwarded once by ``policy`` (None: none, or it cannot give keys /
+        values, e.g. under gradient checkpointing) and ``b``'s micro-batches planned on it."""
+        shared = SharedPrefix.forward(policy, b.tokens, self.shared_length(b))
         return shared, self._plan(b, given=0 if shared is None else shared.kv.length)
 
     def _forward(self, policy: Any, b: Batch, micro: MicroBatch, *, with_entropy: bool = False,
@@ -345,13 +349,6 @@ class Learner:
             ref_logprobs=_rows(targets["ref_logprobs"], rows), entropy=out.entropy, values=out.values,
             old_values=_rows(targets["old_values"], rows), returns=_rows(targets["returns"], rows),
             group_ids=sub.group_ids)
-
-
-def planned_optimizer_steps(steps: int, groups_per_step: int, k: int, epochs: int, minibatch_rollouts: int | None
-                            ) -> int:
-    """Optimizer steps a run of ``steps`` full batches makes (the horizon of the decay schedules)."""
-    per_batch = math.ceil(groups_per_step * k / minibatch_rollouts) if minibatch_rollouts else 1
-    return max(1, steps * epochs * per_batch)
 
 
 def _prompts(b: Batch) -> list[tuple[int, ...]]:
