@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code (2 on a ``SaraError``, 130
     with one line instead of a traceback when a ``KeyboardInterrupt`` ends it)."""
+    from sara.train.heap import bound_kernel_caches
+
+    bound_kernel_caches()  # before any kernel runs: shape-keyed CPU kernel caches stay small in a long run
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported by the subcommand that was given them, with its usage (exits 2)

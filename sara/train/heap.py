@@ -1,4 +1,4 @@
-"""The process heap the learner's buffers live in (glibc ``malloc``): where freed activation pages go.
+"""Where a run's freed memory goes: the process heap (glibc ``malloc``) and the CPU kernel caches of oneDNN.
 
 An update allocates and frees many buffers of a few to a few hundred MB (activations, gradients, logits). glibc
 serves a request above its mmap threshold with a private mapping that ``free`` unmaps at once, and a smaller one from
@@ -12,6 +12,14 @@ pages of the heap itself (``malloc_trim``). Both change nothing but where freed 
 glibc they do nothing. The same threshold can be set from outside with
 ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=<bytes>`` or ``MALLOC_MMAP_THRESHOLD_=<bytes>``; ``bound_heap`` leaves
 a threshold set that way alone.
+
+oneDNN (torch's CPU kernels for bfloat16 matmuls where the CPU has them natively) keeps each primitive it builds, and
+torch's wrapper (ideep) keeps each matmul it plans, in caches keyed by shape that hold 1,024 entries each by default.
+A run's shapes change with every micro-batch and generation round (positions, rows), so both caches grow step after
+step until full: about 1-2 MB per shape. ``bound_kernel_caches`` caps both at ``KERNEL_CACHE_CAPACITY`` entries, enough
+for one layer's forward and backward shapes, through the variables each library reads the first time it uses its
+cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, ``LRU_CACHE_CAPACITY``): call it before the process's first matmul; a
+value the user set is kept.
 """
 
 from __future__ import annotations
@@ -20,11 +28,17 @@ import ctypes
 import os
 import sys
 
-__all__ = ["MMAP_THRESHOLD", "bound_heap", "trim_heap"]
+__all__ = ["KERNEL_CACHE_CAPACITY", "KERNEL_CACHE_ENV", "MMAP_THRESHOLD", "bound_heap", "bound_kernel_caches",
+           "trim_heap"]
 
 MMAP_THRESHOLD = 1 << 20
 """Bytes from which a buffer is mapped on its own and unmapped when freed (glibc's default starts at 128 KiB and
 drifts up to 32 MiB)."""
+
+KERNEL_CACHE_CAPACITY = 64
+"""Entries of oneDNN's primitive cache and of ideep's matmul cache (each library's default: 1,024)."""
+KERNEL_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+"""The variables oneDNN and ideep read their cache capacity from, once, at their first use."""
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 _bound: bool | None = None
@@ -66,3 +80,17 @@ def trim_heap() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def bound_kernel_caches() -> dict[str, str]:
+    """Cap oneDNN's and ideep's shape-keyed caches at ``KERNEL_CACHE_CAPACITY`` entries, unless the user set a value.
+
+    Effective only before the process's first oneDNN matmul (each library reads its variable once); ``sara``'s command
+    line calls it first thing, the learner at its construction.
+
+    Returns:
+        ``{variable: value}`` as the process now has them.
+    """
+    for name in KERNEL_CACHE_ENV:
+        os.environ.setdefault(name, str(KERNEL_CACHE_CAPACITY))
+    return {name: os.environ[name] for name in KERNEL_CACHE_ENV}

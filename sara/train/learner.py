@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from sara.train.config import OptimConfig
-from sara.train.heap import bound_heap, trim_heap
+from sara.train.heap import bound_heap, bound_kernel_caches, trim_heap
 from sara.train.microbatch import MicroBatch, plan_microbatches, shared_prefix
 from sara.train.prefix_grad import SharedPrefix
 
@@ -157,6 +157,7 @@ class Learner:
         from sara.policies.base import PrefixScorer
 
         bound_heap()  # freed activations go back to the OS at once, not to the heap's high-water mark
+        bound_kernel_caches()  # a library user's process: effective if no matmul ran yet (the CLI sets it first)
         self.policy, self.algo, self.optim, self.seed, self.horizon = policy, algo, optim, seed, max(1, horizon)
         self.epochs = optim.epochs or algo.epochs
         self.shares_prefix = isinstance(policy, PrefixScorer)  # else: Policy.score, then a gather
