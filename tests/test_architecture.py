@@ -3,7 +3,7 @@ under ``sara/`` stays within 400 lines, no deprecation shims, and one driver.
 
 Layers, lowest first (a module may import its own layer and the ones below):
 
-0. core: types, units, config, configfile, specs, registry, seeding, timing, storage, handles, data, machine
+0. core: types, units, config, configfile, specs, registry, seeding, timing, memory, storage, handles, data, machine
 1. priors: how hard a prompt is (population priors, per-prompt history, posteriors)
 2. decisions, algorithms and environments: samplers, allocators, algos, envs (tasks, simulators, task envs), metrics,
    hub
@@ -34,7 +34,7 @@ ROOT = Path(sara.__file__).parent
 
 LAYERS: dict[str, int] = {
     "sara.types": 0, "sara.units": 0, "sara.config": 0, "sara.registry": 0, "sara.seeding": 0, "sara.timing": 0,
-    "sara.storage": 0, "sara.handles": 0, "sara.data": 0, "sara.configfile": 0, "sara.machine": 0, "sara.specs": 0,
+    "sara.memory": 0, "sara.storage": 0, "sara.handles": 0, "sara.data": 0, "sara.configfile": 0, "sara.machine": 0, "sara.specs": 0,
     "sara.hf_kernels": 0,
     "sara.priors": 1,
     "sara.samplers": 2, "sara.allocators": 2, "sara.algos": 2, "sara.envs": 2, "sara.metrics": 2, "sara.hub": 2,

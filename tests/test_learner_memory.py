@@ -46,7 +46,7 @@ def groups(n):
     return out
 
 def peak_mb():  # this program's own high-water mark (ru_maxrss also counts the parent's pages held before exec)
-    from sara.train.summary import peak_rss_mb
+    from sara.memory import peak_rss_mb
     return peak_rss_mb()
 
 def step(n, s):

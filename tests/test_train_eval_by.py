@@ -38,6 +38,7 @@ def test_no_labels_no_per_label_metrics(tmp_path, task, opts):
     out, _ = _evaluate(tmp_path, task, **opts)
     assert "eval/acc_sample" in out and not [k for k in out if k.startswith("eval/acc_sample/")]
     assert np.isfinite(out["eval/acc_sample"])
+    assert out["time/eval"] > 0 and (out["sys/peak_rss_mb/eval"] > 10 or np.isnan(out["sys/peak_rss_mb/eval"]))
 
 
 def test_length_labels_by_value_and_in_bins():

@@ -138,7 +138,7 @@ def test_a_task_without_held_out_prompts_trains_without_evaluation(flaky, tmp_pa
 def test_the_summary_and_every_step_report_the_peak_resident_memory(flaky, tmp_path):
     import json
 
-    from sara.train.summary import peak_rss_mb
+    from sara.memory import peak_rss_mb
 
     cfg = TrainConfig(**{**TINY, "task": flaky(10**9, eval_size=0), "out_dir": str(tmp_path), "steps": 2})
     with Trainer(cfg) as trainer:
@@ -146,3 +146,5 @@ def test_the_summary_and_every_step_report_the_peak_resident_memory(flaky, tmp_p
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     peaks = [r["sys/peak_rss_mb"] for r in records if "sys/peak_rss_mb" in r]
     assert len(peaks) == 2 and 10 < peaks[0] <= peaks[1] <= summary.peak_rss_mb <= peak_rss_mb()
+    for phase in ("collect", "update", "step"):  # each step's phases, within the run's peak
+        assert all(10 < r[f"sys/peak_rss_mb/{phase}"] <= r["sys/peak_rss_mb"] for r in records if r.get("step"))

@@ -27,7 +27,7 @@ plan cannot avoid (each micro-batch's shared prefix once, every row's real token
 response tokens); ``limit_seconds`` = needed FLOPs at the best bfloat16 (``compute_dtype`` float32: float32) rate,
 and ``over_limit`` = the shipped path's fastest update ÷ ``limit_seconds`` (both best cases, so load on a shared
 machine inflates neither). ``memory`` (Linux): the resident size after the warm-up rep (weights, optimizer state,
-the batch) and the peak resident size over the timed reps (``sara.train.summary.reset_peak_rss`` before them); None
+the batch) and the peak resident size over the timed reps (``sara.memory.reset_peak_rss`` before them); None
 where the peak cannot be reset.
 """
 
@@ -131,9 +131,9 @@ def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lamb
     import torch
 
     from sara.algos import make_algo
+    from sara.memory import reset_peak_rss, rss_mb, window_peak_mb
     from sara.policies.hf import HFPolicy
     from sara.train import Learner, OptimConfig
-    from sara.train.summary import peak_rss_mb, reset_peak_rss, rss_mb
 
     naive_policy = HFPolicy(cfg.model, compute_dtype="float32")
     module, tokenizer = naive_policy.model, naive_policy.tokenizer
@@ -166,7 +166,7 @@ def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lamb
                 seconds[name].append(time.perf_counter() - t0)
                 log(f"rep {rep} {name}: {seconds[name][-1]:.2f} s")
     if memory is not None:
-        memory["update_peak_mb"] = peak_rss_mb()
+        memory["update_peak_mb"] = window_peak_mb()
     flops = _flops(module, learner, batch)
     n = len(batch.rewards)
     tokens = int(batch.tokens.attention_mask.sum())

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from sara.metrics import BAND_PREFIX
 from sara.priors.features import LENGTH, NUMERIC_BINS, prompt_length, quantile_bins
+from sara.timing import PhaseTimer
 
 if TYPE_CHECKING:
     from sara.envs.base import RolloutEnv
@@ -22,7 +22,7 @@ def held_out_accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv | None, gr
                       progress: StepProgress | None = None) -> dict[str, float]:
     """``eval/acc_sample`` (training temperature, ``ec.samples`` per prompt), the same per ``ec.by`` label
     (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed, ``eval/acc_greedy``
-    (when ``ec.greedy``) and ``time/eval``.
+    (when ``ec.greedy``), ``time/eval`` and the evaluation's peak resident size (``sys/peak_rss_mb/eval``).
 
     Args:
         ec: The run's evaluation settings (``TrainConfig.eval``).
@@ -31,12 +31,22 @@ def held_out_accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv | None, gr
         greedy_env: The same prompts decoded greedily (needed when ``ec.greedy``).
         progress: A ``sara.train.progress.StepProgress`` told when each evaluation starts and how long it took.
     """
+    if eval_env is None:
+        return {}
+    timer = PhaseTimer(memory=True)
+    with timer("eval"):
+        out = _accuracy(ec, seed, eval_env, greedy_env, progress)
+    out.update(timer.metrics())
+    if progress is not None:
+        progress.eval_seconds = out["time/eval"]
+    return out
+
+
+def _accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv, greedy_env: RolloutEnv | None,
+              progress: StepProgress | None) -> dict[str, float]:
     from sara.seeding import derive_seeds
     from sara.types import RolloutRequest
 
-    if eval_env is None:
-        return {}
-    t0 = time.perf_counter()
     prompts = list(eval_env.prompts[: ec.num_prompts])
     seeds = derive_seeds(seed, 0xE7A1, np.arange(len(prompts))[:, None], np.arange(ec.samples)[None])
     reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=tuple(int(x) for x in seeds[i]))
@@ -55,9 +65,6 @@ def held_out_accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv | None, gr
             progress.evaluating(len(prompts), "greedy held-out", quote_last=False)
         greedy = cast("RolloutEnv", greedy_env)  # given with ec.greedy (see Args)
         out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in greedy.rollout(reqs)]))
-    out["time/eval"] = time.perf_counter() - t0
-    if progress is not None:
-        progress.eval_seconds = out["time/eval"]
     return out
 
 

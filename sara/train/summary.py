@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sara.memory import peak_rss_mb
 from sara.metrics import BAND_PREFIX, OutcomeCounts
 from sara.train.dtypes import run_machine
 
 if TYPE_CHECKING:
     from sara.train.config import TrainConfig
 
-__all__ = ["FATES", "PHASES", "STAT_TOTALS", "RunSummary", "SummarizedRun", "cumulative_spend", "peak_rss_mb",
-           "reset_peak_rss", "rss_mb", "summarize", "run_files"]
+__all__ = ["FATES", "PHASES", "STAT_TOTALS", "RunSummary", "SummarizedRun", "cumulative_spend", "summarize",
+           "run_files"]
 
 FATES = ("committed", "abandoned", "discarded", "aborted")
 """Where a generated token ends up: in a committed group (trained), an abandoned unit, a discarded unit (saturated
@@ -36,52 +37,6 @@ def cumulative_spend(totals: Mapping[str, float]) -> dict[str, float]:
             **{f"env/cum_{fate}_tokens": totals[f"{fate}_tokens"] for fate in FATES},
             "env/cum_prompt_tokens": totals["prompt_tokens"], "train/cum_trained_tokens": totals["trained_tokens"],
             **{f"time/cum_{phase}": totals[f"seconds_{phase}"] for phase in PHASES}}
-
-
-def rss_mb() -> float:
-    """This process's resident set size now, in MiB (``VmRSS`` of ``/proc/self/status``; NaN where there is none)."""
-    return _status_mb("VmRSS:")
-
-
-def reset_peak_rss() -> bool:
-    """Restart the peak ``peak_rss_mb`` reads at the current resident size (Linux: ``5`` to ``/proc/self/clear_refs``).
-
-    Returns:
-        True when the peak was reset; False where the platform cannot (the peak then stays the process's).
-    """
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _status_mb(key: str) -> float:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size so far, in MiB: ``VmHWM`` of ``/proc/self/status`` where there is one
-    (the high-water mark of this program's own memory, which ``exec`` and ``reset_peak_rss`` reset), else ``getrusage``'s ``ru_maxrss``
-    (which on Linux also counts the parent's pages a forked child had before ``exec``); NaN where neither exists."""
-    peak = _status_mb("VmHWM:")
-    if peak == peak:  # not NaN
-        return peak
-    try:
-        import resource
-        import sys
-    except ImportError:  # not a Unix
-        return float("nan")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 @dataclass

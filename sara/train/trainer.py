@@ -28,6 +28,7 @@ from typing import Any, cast
 import numpy as np
 
 from sara.config import ConfigError, validate_config
+from sara.memory import peak_rss_mb
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
 from sara.train.bank import SurplusBank, batch_reward_variance
@@ -38,7 +39,7 @@ from sara.train.progress import StepProgress
 from sara.train.resume import check_resume
 from sara.train.reweight import Advantages, weigh_advantages
 from sara.train.rundir import RUN_MARKER, RunLock, releases_run_lock, run_writes, take_run_lock
-from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, peak_rss_mb, run_files
+from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, run_files
 from sara.train.summary import summarize as summarize_run
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
@@ -116,8 +117,7 @@ class Trainer:
         embed = pool_embedder(self.env, policy_embedder(self.policy), print if verbose else None)  # <embedding>
         self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts, embed)
         self.bank = SurplusBank(cfg.groups_per_step, cfg.surplus)  # committed groups beyond the batch (bank.py)
-        self.step = 0
-        self.version = 0
+        self.step = self.version = 0  # steps taken; the policy's weights version (one per update)
         self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
         # Every closed unit's (group, n, s, effective): the DS estimate, fitted per group as the allocator's prior is.
         self.outcomes = OutcomeCounts(cfg.k, labels=prompt_groups(
@@ -156,7 +156,7 @@ class Trainer:
         """One step: collect -> advantages -> loss -> optimizer step(s) -> weight sync -> metrics."""
         from sara.driver import collect
 
-        cfg, timer, learner = self.config, PhaseTimer(), self.learner
+        cfg, timer, learner = self.config, PhaseTimer(memory=True), self.learner
         with timer("step"):
             # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies them (in synchronous
             # rounds, or rollout by rollout on a streaming backend: sara.driver).

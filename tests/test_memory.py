@@ -1,0 +1,59 @@
+"""``sara.memory`` and ``PhaseTimer(memory=True)``: a phase's peak is the largest resident size inside it, a phase
+timed inside another counts toward both, a later phase's window does not see an earlier one's peak, and the process's
+peak keeps every mark a window cleared. Blocks are touched numpy buffers of 96 MiB (mapped: freed at once)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sara.memory import peak_rss_mb, reset_peak_rss, rss_mb
+from sara.timing import PhaseTimer
+
+MIB = 1 << 20
+
+
+def _touch(mib: int) -> None:
+    block = np.ones(mib * MIB, dtype=np.uint8)
+    del block
+
+
+@pytest.fixture
+def windows():
+    if math.isnan(rss_mb()) or not reset_peak_rss():
+        pytest.skip("this platform reports no resident size or cannot restart its peak")
+
+
+def test_each_phase_reports_its_own_peak_and_the_outer_one_both(windows):
+    timer = PhaseTimer(memory=True)
+    with timer("step"):
+        with timer("big"):
+            _touch(96)
+        base = rss_mb()
+        with timer("small"):
+            pass
+    peaks = {key.removeprefix("sys/peak_rss_mb/"): v for key, v in timer.metrics().items() if key.startswith("sys/")}
+    assert set(peaks) == {"step", "big", "small"}
+    assert peaks["big"] > base + 64  # the 96 MiB block was resident inside 'big'
+    assert peaks["small"] < base + 32  # ... and is not counted in a phase that began after it was freed
+    assert peaks["step"] >= peaks["big"]  # the outer phase saw it
+    assert peak_rss_mb() >= peaks["big"]  # the process's peak kept the mark the inner windows cleared
+
+
+def test_a_phase_timed_twice_keeps_its_largest_peak(windows):
+    timer = PhaseTimer(memory=True)
+    with timer("collect"):
+        _touch(96)
+    first = timer.peaks["collect"]
+    with timer("collect"):
+        pass
+    assert timer.peaks["collect"] == first
+
+
+def test_without_memory_only_seconds():
+    timer = PhaseTimer()
+    with timer("collect"):
+        _touch(8)
+    assert set(timer.metrics()) == {"time/collect"} and timer.peaks == {}
