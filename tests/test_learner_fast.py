@@ -348,3 +348,78 @@ def test_the_cpu_attention_kernel_is_the_plain_one_up_to_the_threshold_and_flash
     assert not isinstance(hf._attention_kernel(limit, cpu), contextlib.nullcontext)  # the math kernel, forced
     assert isinstance(hf._attention_kernel(limit + 1, cpu), contextlib.nullcontext)  # torch's choice: flash on CPU
     assert isinstance(hf._attention_kernel(1, torch.device("meta")), contextlib.nullcontext)  # never off a CPU
+
+
+def _chunk_under_autocast(h, targets, head, finish, chunk):
+    """The projection as autocast runs it, chunk by chunk (the weight cast in each chunk and each recomputation)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def rows(hc, tc):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = head(hc)
+        logits = finish(out.float())
+        logz = torch.logsumexp(logits, dim=-1)
+        return logits.gather(-1, tc[:, None]).squeeze(-1) - logz, logz - (torch.softmax(logits, -1) * logits).sum(-1)
+
+    parts = [checkpoint(rows, hc, tc, use_reentrant=False) for hc, tc in zip(h.split(chunk), targets.split(chunk))]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_bfloat16_head_casts_its_weight_once_and_gives_autocasts_numbers(bias):
+    """With ``dtype=bfloat16`` the head's float32 weight is cast to bfloat16 once per call (not per chunk and again in
+    each recomputation), and the log-probs, entropies and gradients are autocast's, bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from sara.policies.vocab import token_logprobs
+
+    gen = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(32, VOCAB, bias=bias)
+    h0, targets = torch.randn(17, 32, generator=gen), torch.randint(0, VOCAB, (17,), generator=gen)
+    w_lp, w_ent = torch.randn(17, generator=gen), torch.randn(17, generator=gen)
+
+    def finish(x):
+        return x / 0.7
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and args[0].shape == head.weight.shape \
+                    and args[0].dtype == torch.float32 and out.dtype == torch.bfloat16:
+                self.n += 1
+            return out
+
+    def run(fn):
+        head.zero_grad(set_to_none=True)
+        h = h0.clone().requires_grad_(True)
+        with Casts() as casts:
+            lp, ent = fn(h)
+            ((lp * w_lp) + (ent * w_ent)).sum().backward()
+        grads = [h.grad, head.weight.grad.clone()] + ([head.bias.grad.clone()] if bias else [])
+        return [lp, ent, *grads], casts.n
+
+    ref, ref_casts = run(lambda h: _chunk_under_autocast(h, targets, head, finish, 5))
+    got, got_casts = run(lambda h: token_logprobs(h, targets, head, finish, dtype=torch.bfloat16, with_entropy=True,
+                                                  chunk=5))
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+    assert ref_casts == 8 and got_casts == 1  # 4 chunks, forward and recomputation; one copy
+
+
+def test_a_head_with_its_own_forward_runs_as_it_is():
+    from sara.policies.vocab import token_logprobs
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2.0 * super().forward(x)
+
+    gen = torch.Generator().manual_seed(2)
+    head = Scaled(32, VOCAB, bias=False)
+    h, targets = torch.randn(9, 32, generator=gen), torch.randint(0, VOCAB, (9,), generator=gen)
+    lp, _ = token_logprobs(h, targets, head, lambda x: x, dtype=torch.bfloat16, chunk=4)
+    ref, _ = _chunk_under_autocast(h, targets, head, lambda x: x, 4)
+    assert torch.equal(lp, ref)

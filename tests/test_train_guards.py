@@ -148,3 +148,22 @@ def test_the_summary_and_every_step_report_the_peak_resident_memory(flaky, tmp_p
     assert len(peaks) == 2 and 10 < peaks[0] <= peaks[1] <= summary.peak_rss_mb <= peak_rss_mb()
     for phase in ("collect", "update", "step"):  # each step's phases, within the run's peak
         assert all(10 < r[f"sys/peak_rss_mb/{phase}"] <= r["sys/peak_rss_mb"] for r in records if r.get("step"))
+
+
+def test_a_run_reports_its_own_peak_not_the_processs(flaky, tmp_path):
+    """Runs one after another in one process (``sara matrix``'s cells): each summary's peak is its own phases', not a
+    higher mark the process reached before it."""
+    import math
+
+    import numpy as np
+
+    from sara.memory import peak_rss_mb, rss_mb
+
+    if math.isnan(rss_mb()):
+        pytest.skip("this platform reports no resident size")
+    block = np.ones(512 << 20, dtype=np.uint8)  # the process's peak now holds 512 MiB more than the run will
+    del block
+    cfg = TrainConfig(**{**TINY, "task": flaky(10**9), "out_dir": str(tmp_path), "steps": 1})
+    with Trainer(cfg) as trainer:
+        summary = trainer.train()
+    assert 10 < summary.peak_rss_mb < peak_rss_mb() - 256

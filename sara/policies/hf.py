@@ -178,7 +178,7 @@ class HFPolicy(ScoreViews):
             hidden = self._hidden(ids, attn, p, given)  # [B, T - P, D]
             h = hidden[rows, pos - 1 - p]  # [K, D]: the state before each scored token
         lp_k, ent_k = token_logprobs(h, ids[rows, pos], self.model.get_output_embeddings(), self._finish_logits,
-                                     autocast=self._autocast, with_entropy=with_entropy, chunk=self.vocab_chunk)
+                                     dtype=self.autocast_dtype, with_entropy=with_entropy, chunk=self.vocab_chunk)
         shape = at.shape
 
         def place(x: torch.Tensor) -> torch.Tensor:

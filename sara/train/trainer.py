@@ -28,7 +28,6 @@ from typing import Any, cast
 import numpy as np
 
 from sara.config import ConfigError, validate_config
-from sara.memory import peak_rss_mb
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
 from sara.train.bank import SurplusBank, batch_reward_variance
@@ -39,7 +38,7 @@ from sara.train.progress import StepProgress
 from sara.train.resume import check_resume
 from sara.train.reweight import Advantages, weigh_advantages
 from sara.train.rundir import RUN_MARKER, RunLock, releases_run_lock, run_writes, take_run_lock
-from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, run_files
+from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, note_peak, run_files
 from sara.train.summary import summarize as summarize_run
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
@@ -243,7 +242,7 @@ class Trainer:
                 metrics.update(self._cumulative())
                 metrics.update({"train/optimizer_steps": float(learner.optimizer_steps), "train/lr": learner.lr()})
                 self.wall_seconds += time.perf_counter() - t0
-                metrics.update({"time/total": self.wall_seconds, "sys/peak_rss_mb": peak_rss_mb()})
+                metrics.update({"time/total": self.wall_seconds, "sys/peak_rss_mb": note_peak(self.totals, metrics)})
                 logger.log(self.step, metrics)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
@@ -309,6 +308,7 @@ class Trainer:
         from sara.train.evaluate import held_out_accuracy
 
         out = held_out_accuracy(self.config.eval, self.config.seed, self.eval_env, self.greedy_env, self.progress)
+        note_peak(self.totals, out)  # the run's peak counts its evaluations (step 0's too)
         if out:
             self.evals.append({"step": float(self.step), **out})
         return out
