@@ -1,5 +1,6 @@
-"""The prefix every row of a mini-batch shares (a few-shot preamble) is forwarded ONCE per mini-batch
-(``sara.train.prefix_grad.SharedPrefix``), not once per micro-batch, and the update is unchanged: the parameters'
+"""The prefix every row of a mini-batch shares (a few-shot preamble) is forwarded once per mini-batch without a graph
+and once more with one for its backward (``sara.train.prefix_grad.SharedPrefix``), not once per micro-batch, no
+prefix graph is held through the micro-batches, and the update is unchanged: the parameters'
 gradients before the optimizer step and the metrics equal one plain forward's and the per-micro-batch path's, with
 1, 2 and more micro-batches, mini-batches, a critic, a reference and recomputed old log-probs (the no-grad scoring
 shares the prefix too); gradient checkpointing keeps today's path. A tiny random float32 Llama (tests/
@@ -74,15 +75,16 @@ def test_the_update_with_the_prefix_once_equals_one_forward_and_the_per_micro_ba
     once = Learner(pol, spec, OptimConfig(lr=1e-3, microbatch_tokens=budget, grad_clip=1.0), seed=0)
     shared, plan = once._prepare(pol, b)
     assert shared is not None and shared.kv.length == PREAMBLE
+    assert all(x.is_leaf and x.requires_grad for x in shared.kv.tensors)  # no prefix graph kept across micro-batches
     assert (len(plan) == micro) if micro < 3 else len(plan) >= micro
     assert all(m.given == PREAMBLE and m.prefix >= PREAMBLE for m in plan)
     if micro > 1:
         assert any(m.prefix > PREAMBLE for m in plan)  # some rows share more: that part runs on top, per micro-batch
     calls = DecoderCalls(pol)
     got = captured_step(once, b)
-    assert calls.calls[0] == (1, PREAMBLE, 0)  # the preamble, once
-    assert all(past >= PREAMBLE for _, _, past in calls.calls[1:])  # every micro-batch on top of it
-    assert calls.positions() == PREAMBLE + sum(m.tokens for m in plan)
+    assert calls.calls[0] == calls.calls[-1] == (1, PREAMBLE, 0)  # the preamble: without a graph, then for its backward
+    assert all(past >= PREAMBLE for _, _, past in calls.calls[1:-1])  # every micro-batch on top of it
+    assert calls.positions() == 2 * PREAMBLE + sum(m.tokens for m in plan)
     plain = Learner(PlainView(pol), spec, OptimConfig(lr=1e-3, microbatch_tokens=None, grad_clip=1.0), seed=0)
     assert_same_step(got, captured_step(plain, b))
     per_micro_batch(monkeypatch)
@@ -119,7 +121,7 @@ def test_the_preamble_is_forwarded_once_per_mini_batch_and_once_per_no_grad_scor
     calls.calls.clear()
     learner.update(b, *adv, step=0)
     starts = [c for c in calls.calls if c[2] == 0]
-    assert starts == [(1, PREAMBLE, 0)] * 2  # two mini-batches, one preamble forward each
+    assert starts == [(1, PREAMBLE, 0)] * 4  # two mini-batches, the preamble twice each (then for its backward)
     assert len(calls.calls) > 4
 
 
