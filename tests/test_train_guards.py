@@ -154,15 +154,15 @@ def test_a_run_reports_its_own_peak_not_the_processs(flaky, tmp_path):
     """Runs one after another in one process (``sara matrix``'s cells): each summary's peak is its own phases', not a
     higher mark the process reached before it."""
     import math
-
-    import numpy as np
+    import mmap
 
     from sara.memory import peak_rss_mb, rss_mb
 
     if math.isnan(rss_mb()):
         pytest.skip("this platform reports no resident size")
-    block = np.ones(512 << 20, dtype=np.uint8)  # the process's peak now holds 512 MiB more than the run will
-    del block
+    with mmap.mmap(-1, 512 << 20) as block:  # the process's peak now holds 512 MiB more than the run will
+        for at in range(0, 512 << 20, 1 << 20):
+            block[at:at + (1 << 20)] = b"\x01" * (1 << 20)
     cfg = TrainConfig(**{**TINY, "task": flaky(10**9), "out_dir": str(tmp_path), "steps": 1})
     with Trainer(cfg) as trainer:
         summary = trainer.train()
