@@ -227,10 +227,11 @@ class Learner:
                *, step: int) -> dict[str, float]:
         """``epochs`` passes of shuffled mini-batches, one optimizer step each; mean ``algo/...`` metrics.
 
-        Each mini-batch: its loss denominators, the prefix all its rows share forwarded once (``SharedPrefix``), then
-        per micro-batch a forward with gradient on top of it, its loss (divided by the mini-batch's counts) and a
-        backward; the prefix's summed gradient back through it once; then the mini-batch's metrics from the detached
-        outputs (what one forward would report), gradient clipping and ONE optimizer step. Gradients are freed after
+        Each mini-batch: its loss denominators, the prefix all its rows share forwarded once without a graph
+        (``SharedPrefix``), then per micro-batch a forward with gradient on top of it, its loss (divided by the
+        mini-batch's counts) and a backward; the prefix forwarded again with a graph and its summed gradient sent back
+        through it once; then the mini-batch's metrics from the detached outputs (what one forward would report),
+        gradient clipping and ONE optimizer step. Gradients are freed after
         the step, and the heap pages the update's activations freed go back to the OS at its end (``trim_heap``).
         """
         import torch
@@ -305,8 +306,8 @@ class Learner:
         return shared_prefix(_prompts(b)) if self.shares_prefix else 0
 
     def _prepare(self, policy: Any, b: Batch) -> tuple[SharedPrefix | None, list[MicroBatch]]:
-        """The prefix every row of ``b`` shares forwarded once by ``policy`` (None: none, or it cannot give keys /
-        values, e.g. under gradient checkpointing) and ``b``'s micro-batches planned on it."""
+        """The prefix every row of ``b`` shares forwarded by ``policy`` without a graph (``SharedPrefix``; None: none,
+        or it cannot give keys / values, e.g. under gradient checkpointing) and ``b``'s micro-batches planned on it."""
         shared = SharedPrefix.forward(policy, b.tokens, self.shared_length(b))
         return shared, self._plan(b, given=0 if shared is None else shared.kv.length)
 
