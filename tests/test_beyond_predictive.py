@@ -80,7 +80,7 @@ def test_a_longer_memory_pays_on_a_revisited_pool_that_does_not_move():
     # A step draws about a tenth of this pool, so a prompt comes back about every ten steps. At decay=0.7 a visit's
     # evidence is nearly gone by then (0.7^10 = 3%); with decay=0.95 most of it is left, and on a pool whose success
     # rates do not move that buys cheaper effective groups (on a fast-learning LLM it does not: beyond.md 3).
-    from sara.allocators import compose
+    from sara.build import build_allocation
 
     assert PredictiveSampler(10, seed=0).config.decay == "auto"
     sampler = PredictiveSampler(10, seed=0, decay=0.95)
@@ -89,7 +89,7 @@ def test_a_longer_memory_pays_on_a_revisited_pool_that_does_not_move():
 
     def rollouts_per_effective_group(spec):
         env = SimulatedEnv("u-shaped", size=1000, seed=6)
-        alloc, smp = compose(make_allocator("sara", k=8), make_sampler(spec, 1000, seed=6, k=8))
+        alloc, smp = build_allocation("sara", spec, k=8, pool_size=1000, seed=6)
         spent = effective = 0
         for t in range(24):
             res = collect(alloc, env, smp, target_groups=32, seed=6, step=t)

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sara.allocators import compose, make_allocator
+from sara.allocators import make_allocator
+from sara.build import build_allocation
 from sara.config import ConfigError
 from sara.driver import collect
 from sara.envs.base import EmbedsPrompts
@@ -174,7 +175,7 @@ def test_the_hf_backend_embeds_with_the_prefix_forwarded_once(tiny_model_dir):
 
 def _run(spec, *, embed=None, steps=6, seed=0, size=6000):
     env = SimulatedEnv("features:informative", size=size, seed=seed)
-    allocator, sampler = compose(make_allocator(spec, k=K), UniformSampler(size, seed=seed), env.prompts, embed)
+    allocator, sampler = build_allocation(spec, UniformSampler(size, seed=seed), k=K, prompts=env.prompts, embed=embed)
     rollouts = effective = 0
     for t in range(steps):
         res = collect(allocator, env, sampler, target_groups=128, seed=seed, step=t)
@@ -230,20 +231,17 @@ def test_the_default_splits_by_the_representation_where_the_run_has_one_and_weig
 
 def test_conformance():
     env = SimulatedEnv("features:informative", size=6000, seed=0)
-    check_allocator(lambda: compose(make_allocator(f"sara:group_by={EMBEDDING}", k=K), UniformSampler(6000, seed=0),
-                                    env.prompts, _band_representation)[0],
+    check_allocator(lambda: build_allocation(f"sara:group_by={EMBEDDING}", UniformSampler(6000, seed=0), k=K, prompts=env.prompts, embed=_band_representation)[0],
                     env_factory=lambda seed: SimulatedEnv("features:informative", size=6000, seed=seed))
 
 
 def test_embedding_needs_a_backend_that_embeds_and_is_only_computed_when_chosen():
     prompts = [Prompt(id=f"p{i}", prompt=f"{i}+1=", metadata={"component": i % 2}) for i in range(40)]
     with pytest.raises(ConfigError, match="group_by.*<embedding>.*representation.*this run has none"):
-        compose(make_allocator("sara:group_by=<embedding>", k=K), UniformSampler(40, seed=0), prompts)
-    allocator, _ = compose(make_allocator("sara:group_by=component|<embedding>", k=K), UniformSampler(40, seed=0),
-                           prompts, embed=lambda: pytest.fail("computed although component applies"))
+        build_allocation("sara:group_by=<embedding>", UniformSampler(40, seed=0), k=K, prompts=prompts)
+    allocator, _ = build_allocation("sara:group_by=component|<embedding>", UniformSampler(40, seed=0), k=K, prompts=prompts, embed=lambda: pytest.fail("computed although component applies"))
     assert allocator.prior.names == [0, 1]
-    default, _ = compose(make_allocator("sara", k=K), UniformSampler(40, seed=0), prompts,
-                         embed=lambda: pytest.fail("computed although component applies"))
+    default, _ = build_allocation("sara", UniformSampler(40, seed=0), k=K, prompts=prompts, embed=lambda: pytest.fail("computed although component applies"))
     assert default.prior.names == [0, 1]
 
 

@@ -6,13 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sara.allocators import compose, make_allocator
+from sara.build import build_allocation
 from sara.config import ConfigError
 from sara.driver import collect
 from sara.envs.sim.binary import FEATURED, SimulatedEnv, make_features
 from sara.priors import BorrowedHistory
 from sara.priors.features import LENGTH, NUMERIC_BINS, FeatureGroupedPrior, feature_splits
-from sara.samplers import UniformSampler, make_sampler
+from sara.samplers import UniformSampler
 from sara.testing import check_allocator
 from sara.train.state_checks import check_values
 from sara.types import Prompt
@@ -22,7 +22,7 @@ K = 8
 
 def _run(spec: str, population: str, *, steps: int = 6, seed: int = 0, size: int = 6000, sampler: str = "uniform"):
     env = SimulatedEnv(population, size=size, seed=seed)
-    allocator, smp = compose(make_allocator(spec, k=K), make_sampler(sampler, size, seed=seed, k=K), env.prompts)
+    allocator, smp = build_allocation(spec, sampler, k=K, prompts=env.prompts, seed=seed)
     rollouts = effective = 0
     for t in range(steps):
         res = collect(allocator, env, smp, target_groups=128, seed=seed, step=t)
@@ -87,16 +87,14 @@ def test_a_pool_without_features_stays_one_population():
 def test_state_round_trip_and_conformance():
     _, allocator = _run("sara:group_by=auto", "features:informative", steps=4)
     env = SimulatedEnv("features:informative", size=6000, seed=0)
-    fresh, _ = compose(make_allocator("sara:group_by=auto", k=K), UniformSampler(6000, seed=0), env.prompts)
+    fresh, _ = build_allocation("sara:group_by=auto", UniformSampler(6000, seed=0), k=K, prompts=env.prompts)
     fresh.load_state_dict(allocator.state_dict())
     assert fresh.prior.feature == allocator.prior.feature
     assert np.array_equal(fresh.prior.group_weights(), allocator.prior.group_weights())
     assert np.array_equal(fresh.prior.scores, allocator.prior.scores)
     check_values(allocator.state_dict(), Path("ckpt"), "allocator")  # what a resumed trainer accepts: no negatives
-    other, _ = compose(make_allocator("sara:group_by=auto", k=K), UniformSampler(60, seed=0),
-                       [Prompt(id=f"p{i}", metadata={"x": i % 2}) for i in range(60)])
+    other, _ = build_allocation("sara:group_by=auto", UniformSampler(60, seed=0), k=K, prompts=[Prompt(id=f"p{i}", metadata={"x": i % 2}) for i in range(60)])
     with pytest.raises(ValueError, match="features"):
         other.load_state_dict(allocator.state_dict())
-    check_allocator(lambda: compose(make_allocator("sara:group_by=auto", k=K), UniformSampler(6000, seed=0),
-                                    env.prompts)[0],
+    check_allocator(lambda: build_allocation("sara:group_by=auto", UniformSampler(6000, seed=0), k=K, prompts=env.prompts)[0],
                     env_factory=lambda seed: SimulatedEnv("features:informative", size=6000, seed=seed))

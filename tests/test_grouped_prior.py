@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from sara.allocators import compose, make_allocator
+from sara.allocators import make_allocator
 from sara.allocators.optimal import rule_figures, rule_tables
+from sara.build import build_allocation
 from sara.config import ConfigError
 from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
@@ -12,7 +13,7 @@ from sara.priors import BorrowedHistory
 from sara.priors.features import FeatureGroupedPrior
 from sara.priors.grid import GridPrior
 from sara.priors.grouped import MAX_GROUPS, GroupedGridPrior, group_labels
-from sara.samplers import UniformSampler, make_sampler
+from sara.samplers import UniformSampler
 from sara.testing import check_allocator
 from sara.types import Prompt
 
@@ -30,7 +31,7 @@ def _pool(size: int = 1200) -> tuple[np.ndarray, list[Prompt]]:
 def _cost(spec: str, steps: int = 8, seed: int = 0) -> tuple[float, object]:
     rates, prompts = _pool()
     env = SimulatedEnv(rates)
-    allocator, sampler = compose(make_allocator(spec, k=K), UniformSampler(len(rates), seed=seed), prompts)
+    allocator, sampler = build_allocation(spec, UniformSampler(len(rates), seed=seed), k=K, prompts=prompts)
     rollouts = effective = 0
     for t in range(steps):
         res = collect(allocator, env, sampler, target_groups=32, seed=seed, step=t)
@@ -92,31 +93,32 @@ def test_a_group_without_data_stays_at_the_pooled_fit():
     assert np.abs(prior.group_weights()[1] - prior.weights).max() < 0.02
 
 
-def test_compose_wires_prompts_and_the_predictive_history():
+def test_the_builder_wires_prompts_and_the_predictive_history():
     rates, prompts = _pool(200)
     with pytest.raises(ConfigError, match="group_by.*prompts"):
-        compose(make_allocator("sara:group_by=band", k=K), UniformSampler(len(rates), seed=0))
-    allocator, _ = compose(make_allocator("sara:group_by=band", k=K),
-                           make_sampler("predictive", len(rates), seed=0, k=K), prompts)
+        build_allocation("sara:group_by=band", UniformSampler(len(rates), seed=0), k=K)
+    with pytest.raises(ConfigError, match="group_by.*prompts"):  # built alone, it has no pool to split
+        make_allocator("sara:group_by=band", k=K)
+    allocator, _ = build_allocation("sara:group_by=band", "predictive", k=K, prompts=prompts, seed=0)
     assert isinstance(allocator.prior, BorrowedHistory) and isinstance(allocator.prior.base, GroupedGridPrior)
-    history, _ = compose(make_allocator("sara:group_by=band,prior=history", k=K), UniformSampler(200, seed=0), prompts)
+    history, _ = build_allocation("sara:group_by=band,prior=history", UniformSampler(200, seed=0), k=K, prompts=prompts)
     assert isinstance(history.prior.base, GroupedGridPrior)
-    plain, _ = compose(make_allocator("sara", k=K), UniformSampler(200, seed=0), prompts)
+    plain, _ = build_allocation("sara", UniformSampler(200, seed=0), k=K, prompts=prompts)
     assert type(plain.prior) is GridPrior  # the default key (component) is absent: one population, no error
     bare = [Prompt(id=f"p{i}") for i in range(200)]
-    one, _ = compose(make_allocator("sara:group_by=component|auto", k=K), UniformSampler(200, seed=0), bare)
+    one, _ = build_allocation("sara:group_by=component|auto", UniformSampler(200, seed=0), k=K, prompts=bare)
     assert type(one.prior) is GridPrior  # prompts without features: auto finds no split, one population
 
 
 def test_the_default_groups_a_mixtures_components():
     prompts = [Prompt(id=f"p{i}", metadata={"component": "easy" if i % 3 else "hard"}) for i in range(60)]
-    default, _ = compose(make_allocator("sara", k=K), UniformSampler(60, seed=0), prompts)
+    default, _ = build_allocation("sara", UniformSampler(60, seed=0), k=K, prompts=prompts)
     assert isinstance(default.prior, GroupedGridPrior) and default.prior.names == ["hard", "easy"]
-    off, _ = compose(make_allocator("sara:group_by=none", k=K), UniformSampler(60, seed=0), prompts)
+    off, _ = build_allocation("sara:group_by=none", UniformSampler(60, seed=0), k=K, prompts=prompts)
     assert type(off.prior) is GridPrior
-    unwired, _ = compose(make_allocator("sara", k=K), UniformSampler(60, seed=0))  # no prompts: no error
+    unwired, _ = build_allocation("sara", UniformSampler(60, seed=0), k=K)  # no prompts: no error
     assert type(unwired.prior) is GridPrior
-    paper, _ = compose(make_allocator("sara_paper", k=K), UniformSampler(60, seed=0), prompts)
+    paper, _ = build_allocation("sara_paper", UniformSampler(60, seed=0), k=K, prompts=prompts)
     assert type(paper.prior).__name__ == "ConstantPrior"  # the paper rule has one population, never grouped
 
 
@@ -124,7 +126,7 @@ def test_group_by_tries_its_keys_in_order():
     prompts = [Prompt(id=f"p{i}", metadata={"band": "hard" if i % 2 else "mid", "level": i % 3}) for i in range(60)]
 
     def prior(spec: str, pool: list[Prompt] = prompts) -> object:
-        return compose(make_allocator(spec, k=K), UniformSampler(len(pool), seed=0), pool)[0].prior
+        return build_allocation(spec, UniformSampler(len(pool), seed=0), k=K, prompts=pool)[0].prior
 
     first, fallback = prior("sara:group_by=band|level"), prior("sara:group_by=component|level")
     assert isinstance(first, GroupedGridPrior) and first.names == ["mid", "hard"]
@@ -163,15 +165,15 @@ def test_state_round_trip_and_conformance():
     wrong = GroupedGridPrior(np.zeros(10, np.int64))
     with pytest.raises(ValueError, match="groups"):
         wrong.load_state_dict(state)
-    check_allocator(lambda: compose(make_allocator("sara:group_by=band", k=K), UniformSampler(len(rates), seed=0),
-                                    prompts)[0], env_factory=lambda seed: SimulatedEnv(rates, seed=seed))
+    check_allocator(lambda: build_allocation("sara:group_by=band", UniformSampler(len(rates), seed=0), k=K, prompts=prompts)[0], env_factory=lambda seed: SimulatedEnv(rates, seed=seed))
 
 
 @pytest.mark.parametrize("spec", ["sara", "sara:group_by=band", "sara_paper:tau_low=0.3"])
 def test_config_survives_a_state_round_trip(spec):
     # The full config is stored and re-validated: every field of a rule is that rule's own, so nothing flips.
-    allocator = make_allocator(spec, k=K)
-    fresh = make_allocator(spec, k=K)
+    _, prompts = _pool(200)
+    allocator = build_allocation(spec, "uniform", k=K, prompts=prompts).allocator
+    fresh = build_allocation(spec, "uniform", k=K, prompts=prompts).allocator
     fresh.load_state_dict(allocator.state_dict())
     assert fresh.config == allocator.config and type(fresh.config) is type(allocator.config)
 

@@ -13,7 +13,7 @@ from sara.allocators import ALLOCATORS
 from sara.cli import main
 from sara.samplers import SAMPLERS
 from sara.train import TrainConfig, load_config
-from sara.train.resolve import build_allocator, config_yaml, resolved_allocation
+from sara.train.resolve import allocation_config, config_yaml, resolved_allocation
 
 REPO = Path(__file__).resolve().parents[1]
 REASON = REPO / "examples" / "configs" / "smollm2_reason.yaml"
@@ -51,10 +51,10 @@ def _agrees(shown: dict[str, object], built: dict[str, object]) -> None:
 def test_every_option_of_every_allocator_and_sampler_is_shown_resolved(name, sampler):
     cfg = TrainConfig(allocator=name, sampler=sampler, k=4)
     resolved = resolved_allocation(cfg)
-    allocator, shown = build_allocator(cfg), resolved["allocator"]
+    config, shown = allocation_config(cfg), resolved["allocator"]
     assert shown["name"] == name and shown["k"] == 4
-    assert list(shown) == ["name", *type(allocator.config).model_fields]  # every option, in the config's order
-    _agrees(shown, allocator.config.model_dump(mode="json"))
+    assert list(shown) == ["name", *type(config).model_fields]  # every option, in the config's order
+    _agrees(shown, config.model_dump(mode="json"))
     assert "auto" not in shown.values() and shown.get("oversample", 1.0) != "auto"
     if "oversample" in shown:
         assert "expected commits" in str(shown["oversample"])

@@ -4,7 +4,8 @@ groups (``GroupedGridPrior.composition_weights``, ``SARAAllocator.batch_weights`
 import numpy as np
 import pytest
 
-from sara.allocators import WeighsBatch, compose, make_allocator
+from sara.allocators import WeighsBatch, make_allocator
+from sara.build import build_allocation
 from sara.config import ConfigError
 from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
@@ -32,7 +33,7 @@ def _allocator(spec: str, steps: int = 3):
     rates = np.concatenate([np.full(600, 0.05), np.full(600, 0.4)])
     prompts = [Prompt(id=f"p{i}", metadata={"band": "hard" if i < 600 else "mid"}) for i in range(len(rates))]
     env = SimulatedEnv(rates)
-    allocator, sampler = compose(make_allocator(spec, k=K), UniformSampler(len(rates), seed=0), prompts)
+    allocator, sampler = build_allocation(spec, UniformSampler(len(rates), seed=0), k=K, prompts=prompts)
     for t in range(steps):
         res = collect(allocator, env, sampler, target_groups=32, seed=0, step=t)
     return allocator, res

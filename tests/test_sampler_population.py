@@ -1,13 +1,14 @@
 """The predictive sampler scoring prompts under an allocator's grid population (``population=allocator``): prompts
-never drawn are scored by their group's mixture, refined by their own history; ``compose`` lends the population."""
+never drawn are scored by their group's mixture, refined by their own history; ``sara.build`` gives it at construction."""
 
 import numpy as np
 import pytest
 from test_feature_prior import _run  # one simulated run of an allocator x sampler pair
 
-from sara.allocators import compose, make_allocator
+from sara.build import build_allocation
 from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
+from sara.priors.base import population_of
 from sara.priors.grouped import GroupedGridPrior
 from sara.samplers import make_sampler
 from sara.types import Prompt
@@ -25,9 +26,7 @@ def _two_bands() -> GroupedGridPrior:
 
 
 def _sampler(spec: str):
-    sampler = make_sampler(spec, POOL, seed=3, k=K)
-    sampler.use_population(_two_bands())
-    return sampler
+    return make_sampler(spec, POOL, seed=3, k=K, allocator_population=_two_bands())
 
 
 @pytest.mark.parametrize("selection", ["mean", "thompson"])
@@ -47,9 +46,8 @@ def test_exploration_still_reaches_every_band():
 
 
 def test_a_prompts_history_refines_its_groups_mixture():
-    sampler = make_sampler("predictive:population=allocator,selection=mean", POOL, seed=0, k=K)
     prior = GroupedGridPrior(np.zeros(POOL, np.int64))  # one group: the uniform grid
-    sampler.use_population(prior)
+    sampler = make_sampler("predictive:population=allocator,selection=mean", POOL, seed=0, k=K, allocator_population=prior)
     sampler.update(np.array([1, 2]), np.array([8, 8]), np.array([0, 4]), step=0)  # 1: 0/8, 2: 4/8, 3: unseen
     scores = sampler.scores(np.array([1, 2, 3]), np.random.default_rng(0))
     assert scores[0] < scores[2] < scores[1]
@@ -58,20 +56,17 @@ def test_a_prompts_history_refines_its_groups_mixture():
     assert sampler.scores(np.array([3]), np.random.default_rng(0))[0] == pytest.approx(0.0)
 
 
-def test_compose_lends_the_allocators_population_by_default():
+def test_the_builder_gives_the_allocators_population_by_default():
     prompts = [Prompt(id=f"p{i}", metadata={"band": i % 2}) for i in range(POOL)]
-    allocator, sampler = compose(make_allocator("sara:group_by=band", k=K), make_sampler("predictive", POOL, k=K),
-                                 prompts)
+    allocator, sampler = build_allocation("sara:group_by=band", "predictive", k=K, prompts=prompts)
     assert sampler.config.population == "allocator"  # what `sara@predictive` composes
     assert isinstance(sampler.population, GroupedGridPrior)
-    assert sampler.population is allocator.lend_population()  # one object, fitted by the allocator
-    _, own = compose(make_allocator("sara:group_by=band", k=K),
-                     make_sampler("predictive:population=own", POOL, k=K), prompts)
+    assert sampler.population is population_of(allocator.prior)  # one object, fitted by the allocator
+    _, own = build_allocation("sara:group_by=band", "predictive:population=own", k=K, prompts=prompts)
     assert own.population is None
-    _, with_ds = compose(make_allocator("ds", k=K), make_sampler("predictive:population=allocator", POOL, k=K),
-                         prompts)
+    _, with_ds = build_allocation("ds", "predictive:population=allocator", k=K, prompts=prompts)
     assert with_ds.population is None  # DS has no population to lend: the sampler's own Beta
-    _, pooled = compose(make_allocator("sara:group_by=none", k=K), make_sampler("predictive", POOL, k=K), prompts)
+    _, pooled = build_allocation("sara:group_by=none", "predictive", k=K, prompts=prompts)
     assert pooled.population is None  # one population tells no unseen prompt apart: the sampler keeps its own Beta
 
 
@@ -93,7 +88,7 @@ def test_a_resumed_pair_scores_as_the_original():
     spec, smp_spec = "sara:group_by=auto", "predictive:population=allocator,selection=mean"
 
     def pair():
-        return compose(make_allocator(spec, k=K), make_sampler(smp_spec, 2000, seed=1, k=K), env.prompts)
+        return build_allocation(spec, smp_spec, k=K, prompts=env.prompts, seed=1)
 
     allocator, sampler = pair()
     for t in range(3):
@@ -101,6 +96,6 @@ def test_a_resumed_pair_scores_as_the_original():
     fresh_alloc, fresh_smp = pair()
     fresh_alloc.load_state_dict(allocator.state_dict())
     fresh_smp.load_state_dict(sampler.state_dict())
-    assert fresh_smp.population is fresh_alloc.lend_population()
+    assert fresh_smp.population is population_of(fresh_alloc.prior)
     idx = np.arange(2000)
     assert np.array_equal(fresh_smp.scores(idx, np.random.default_rng(0)), sampler.scores(idx, np.random.default_rng(0)))

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from sara.allocators import Decision, SARAAllocator, SARAPaperAllocator, compose, make_allocator
+from sara.allocators import Decision, SARAAllocator, SARAPaperAllocator, SequentialAllocator, make_allocator
 from sara.allocators.optimal import optimal_tables, rule_figures, rule_tables, solve_rho
+from sara.build import build_allocation
 from sara.config import ConfigError
 from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
@@ -129,7 +130,7 @@ def test_default_sara_not_worse_than_ds_in_collect(population):
         rollouts = eff = 0
         for seed in range(2):
             env = SimulatedEnv(population, size=8000, seed=seed)
-            alloc, sampler = compose(make_allocator(spec, k=8), make_sampler("uniform", 8000, seed=seed))
+            alloc, sampler = build_allocation(spec, "uniform", k=8, pool_size=8000, seed=seed)
             for t in range(2):
                 st = collect(alloc, env, sampler, target_groups=128, seed=seed, step=t).stats
                 rollouts, eff = rollouts + st.rollouts, eff + st.effective_groups
@@ -150,19 +151,19 @@ def test_history_decides_per_prompt():
     assert closed.tolist() == [ids[0]] and dec.tolist() == [Decision.ABANDON]
 
 
-def test_compose_lends_the_predictive_history():
+def test_the_builder_gives_the_predictive_history():
     sampler = make_sampler("predictive", 500, seed=0, k=8)
-    alloc, same = compose(make_allocator("sara", k=8), sampler)
+    alloc, same = build_allocation("sara", sampler, k=8)
     assert same is sampler and isinstance(alloc.prior, BorrowedHistory) and alloc.prior.history is sampler.posterior
     assert alloc.prior_kind == "history" and isinstance(alloc.prior.base, GridPrior)
-    paper, _ = compose(make_allocator("sara_paper", k=8), make_sampler("predictive", 500, k=8))
+    paper, _ = build_allocation("sara_paper", "predictive", k=8, pool_size=500)
     assert isinstance(paper.prior, BorrowedHistory) and isinstance(paper.prior.base, EmpiricalBayesPrior)
-    for spec in ("sara:prior=constant", "sara:prior=empirical", "ds"):  # the spec set the prior / no prior to lend
-        before = make_allocator(spec, k=8)
-        kept = before.prior if hasattr(before, "prior") else None
-        after, _ = compose(before, make_sampler("predictive", 500, k=8))
-        assert getattr(after, "prior", None) is kept
-    plain, _ = compose(make_allocator("sara", k=8), make_sampler("uniform", 500))
+    for spec, kind in (("sara:prior=constant", GridPrior), ("sara:prior=empirical", GridPrior), ("ds", None)):
+        after, _ = build_allocation(spec, "predictive", k=8, pool_size=500)  # the spec set the prior / has none
+        assert (type(after.prior) is kind) if kind else not isinstance(after, SequentialAllocator)
+    with pytest.raises(ConfigError, match="field 'prior'"):  # a history given to a rule whose spec set its prior
+        SARAAllocator({"k": 8, "prior": "constant"}, history=sampler.posterior)
+    plain, _ = build_allocation("sara", "uniform", k=8, pool_size=500)
     assert isinstance(plain.prior, GridPrior)
     # Evidence the sampler gathered is what the allocator's units start from.
     sampler.update(np.array([3]), np.array([8]), np.array([8.0]), step=0)
@@ -174,14 +175,14 @@ def test_sara_at_predictive_in_the_benchmark_reads_the_history(monkeypatch):
     from sara.bench import allocation
 
     seen = []
-    real = allocation.compose
+    real = allocation.build_allocation
 
-    def spy(a, s, prompts=None):
-        out = real(a, s, prompts)
-        seen.append(type(out[0].prior).__name__ if hasattr(out[0], "prior") else None)
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(type(out[0].prior).__name__ if isinstance(out[0], SequentialAllocator) else None)
         return out
 
-    monkeypatch.setattr(allocation, "compose", spy)
+    monkeypatch.setattr(allocation, "build_allocation", spy)
     cfg = allocation.AllocationBenchConfig(population="u-shaped", target_groups=16, seeds=1, pool_size=400,
                                            allocators=("sara@predictive", "sara:prior=empirical@predictive"))
     allocation.run_allocation_bench(cfg)

@@ -37,7 +37,7 @@ def test_outcome_counts_round_trip_through_state_dict():
 def test_p_mixed_estimate_per_group_on_a_two_band_pool():
     # Half never solvable, half at p = 0.2, and an allocator that abandons the hard band after one failure: the
     # estimate fitted per band (the labels the allocator groups by) recovers P(mixed) from the truncated prefixes.
-    from sara.allocators import compose
+    from sara.build import build_allocation
     from sara.types import Prompt
 
     k, size = 8, 4_000
@@ -45,7 +45,7 @@ def test_p_mixed_estimate_per_group_on_a_two_band_pool():
     labels = np.repeat([0, 1], size // 2)
     prompts = [Prompt(id=str(i), metadata={"band": int(b)}) for i, b in enumerate(labels)]
     env = SimulatedEnv(rates)
-    alloc, sampler = compose(make_allocator("sara:group_by=band", k=k), UniformSampler(size, seed=0), prompts)
+    alloc, sampler = build_allocation("sara:group_by=band", UniformSampler(size, seed=0), k=k, prompts=prompts)
     grouped, pooled = OutcomeCounts(k, labels=labels), OutcomeCounts(k)
     for step in range(4):
         res = collect(alloc, env, sampler, target_groups=128, seed=1, step=step)

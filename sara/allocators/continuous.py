@@ -32,6 +32,7 @@ from scipy.special import gammaincc
 
 from sara.allocators.effectiveness import EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
+from sara.allocators.sara import PriorOptions
 from sara.priors.base import Prior
 from sara.priors.history import HistoryPrior
 from sara.priors.posteriors import log_p_all_succeed
@@ -139,11 +140,13 @@ class ContinuousSARAAllocator(SARAPaperAllocator):
     config: ContinuousConfig
 
     def __init__(self, config: ContinuousConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: object) -> None:
-        super().__init__(config, prior=prior, **overrides)
+                 history: HistoryPrior | None = None, **overrides: object) -> None:
+        super().__init__(config, prior=prior, history=history, **overrides)
         self._build_model()
 
-    def borrow_history(self, history: HistoryPrior) -> bool:
+    @classmethod
+    def reads_history(cls, config: PriorOptions) -> bool:
+        """Never: the reward model has its own prior fields."""
         return False
 
     def _build_model(self) -> None:

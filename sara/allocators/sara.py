@@ -7,10 +7,10 @@ prior fitted online (a mixture over a grid of success rates, ``sara.priors.grid`
 is never worse than DS there (on a mostly-mixed population it never abandons and IS DS). The paper's fixed-threshold
 rule is a separate name, ``sara_paper`` (``sara.allocators.paper``).
 
-With a predictive sampler, ``sara.allocators.compose`` hands the sampler's per-prompt history to an allocator whose
-spec does not set ``prior`` (SARA + predictive selection in one switch); with the pool's prompts, it splits the
-population prior by ``group_by``, and a split population is lent back to the sampler (``lend_population``), so prompts
-never drawn are selected by their group.
+With a predictive sampler, ``sara.build.build_allocation`` gives the sampler's per-prompt history to an allocator
+whose spec does not set ``prior`` (SARA + predictive selection in one switch); with the pool's prompts, it builds the
+population prior split by ``group_by`` (``SARAAllocator.population_for``) before either component and gives it to
+both, so prompts never drawn are selected by their group.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class PriorOptions(SequentialConfig):
     prior: PriorKind | None = None
     """'constant' (Beta(alpha0, beta0)), 'empirical' (fitted online to the population seen so far), 'history' (each
     prompt's own posterior from earlier steps, decayed by ``decay`` per step, over the empirical base). None: the
-    rule's default, or, with a predictive sampler, the sampler's history (``sara.allocators.compose``)."""
+    rule's default, or, with a predictive sampler, the sampler's history (``sara.build.build_allocation``)."""
     decay: Decay = DEFAULT_DECAY
     """History prior only: weight of evidence per step of age (lambda in MoPPS, in (0, 1]; 1 = never forget), or
     "auto" (the default, ``sara.priors.history.DEFAULT_DECAY``): chosen online by how well each candidate predicts
@@ -90,7 +90,7 @@ class SARAConfig(PriorOptions):
     groups a mixture by its components and any other pool by the representation's bands where the run has one (the
     trainer on the tiny and HF backends, and on others through its policy); where it has neither (the simulator, the
     benches, the TRL and verl integrations) the pool is one population. Keys you give must exist: a list none of
-    whose keys the pool carries is an error. Needs the pool's prompts, which ``sara.allocators.compose(...,
+    whose keys the pool carries is an error. Needs the pool's prompts, which ``sara.build.build_allocation(...,
     prompts=)`` hands over (the trainer and the benches do). None: one population."""
     reweight: Reweight | None = None
     """'ds': scale each trained group's advantages so the batch has DS's expected composition over the prior's
@@ -130,24 +130,49 @@ class SARAConfig(PriorOptions):
         return "|".join(keys)
 
     @property
+    def group_by_given(self) -> bool:
+        """Whether the spec set ``group_by`` to a key (then the pool's prompts are required)."""
+        return "group_by" in self.model_fields_set and self.group_by is not None
+
+    @property
     def group_keys(self) -> tuple[str, ...]:
         """The ``group_by`` candidates in order (empty: one population)."""
         return tuple(self.group_by.split("|")) if self.group_by else ()
 
 
 class SARABase(SequentialAllocator):
-    """The prior handling both SARA rules share: a prior of ``prior`` kind (``make_prior``), or a sampler's borrowed
-    per-prompt history (``borrow_history``)."""
+    """The prior handling both SARA rules share: a prior of ``prior`` kind (``make_prior``), or a sampler's
+    per-prompt history given at construction (``history``; ``sara.build.build_allocation`` gives it).
+
+    Args:
+        config: The rule's options.
+        prior: A prior to use as it is (tests, experiments); None builds the one the options name.
+        history: A sampler's per-prompt posteriors to read as the prior (over ``population_prior()``), given only
+            when ``reads_history(config)``: the spec left ``prior`` unset.
+    """
 
     config: PriorOptions
     default_prior: ClassVar[PriorKind] = "empirical"
 
     def __init__(self, config: PriorOptions | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: object) -> None:
+                 history: HistoryPrior | None = None, **overrides: object) -> None:
         super().__init__(config, prior=prior, **overrides)
         self.prior_kind: PriorKind = self.config.prior or self.default_prior
+        if history is not None and not self.reads_history(self.config):
+            raise ConfigError(f"{self.name}: field 'prior': {self.config.prior!r} is this rule's own prior, so it "
+                              "reads no sampler's history; drop prior= from the spec to read the sampler's")
         if prior is None:
-            self.prior = self.make_prior(self.prior_kind)
+            if history is not None:
+                self.prior = BorrowedHistory(history, self.population_prior())
+                self.prior_kind = "history"
+            else:
+                self.prior = self.make_prior(self.prior_kind)
+
+    @classmethod
+    def reads_history(cls, config: PriorOptions) -> bool:
+        """Whether a rule with ``config`` reads a sampler's per-prompt history as its prior when the run has one:
+        when the spec left ``prior`` unset."""
+        return config.prior is None
 
     @abstractmethod
     def make_prior(self, kind: PriorKind) -> Prior:
@@ -155,16 +180,7 @@ class SARABase(SequentialAllocator):
 
     @abstractmethod
     def population_prior(self) -> Prior:
-        """A fresh population prior for a borrowed history to sit on."""
-
-    def borrow_history(self, history: HistoryPrior) -> bool:
-        """Take per-prompt priors from ``history`` (a sampler's) unless the spec set ``prior``. Called by
-        ``sara.allocators.compose``; True when the allocator now reads the sampler's history."""
-        if self.config.prior is not None:
-            return False
-        self.prior = BorrowedHistory(history, self.population_prior())
-        self.prior_kind = "history"
-        return True
+        """The population prior a borrowed history sits on."""
 
 
 class SARAAllocator(SARABase):
@@ -175,37 +191,41 @@ class SARAAllocator(SARABase):
     config: SARAConfig
 
     def __init__(self, config: SARAConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
+                 history: HistoryPrior | None = None, population: GridPrior | None = None,
                  **overrides: object) -> None:
-        super().__init__(config, prior=prior, **overrides)
+        """Args: as ``SARABase``'s, and ``population``: the grid population prior the rule fits, split by prompt
+        group (``population_for(config, prompts)``); None builds one population, which a ``group_by`` you gave
+        does not allow (the pool's prompts decide the groups: ``sara.build.build_allocation`` passes them)."""
+        self._given_population = population  # read by make_prior / population_prior during super().__init__
+        super().__init__(config, prior=prior, history=history, **overrides)
+        if population is None and prior is None and self.config.group_by_given:
+            raise ConfigError(f"sara: field 'group_by': {self.config.group_by!r} splits the pool by its prompts, and "
+                              "none were given; build it with sara.build.build_allocation(..., prompts=env.prompts), "
+                              "or drop group_by for one population")
         self._rule = RuleCache()
 
-    def make_prior(self, kind: PriorKind) -> Prior:
-        """A grid mixture, fitted unless 'constant'; under a per-prompt history for 'history'."""
-        c = self.config
-        base = GridPrior(c.alpha0, c.beta0, fit=kind != "constant")
-        return HistoryPrior(c.decay, base, max_evidence=c.max_evidence) if kind == "history" else base
-
-    def population_prior(self) -> Prior:
-        return GridPrior(self.config.alpha0, self.config.beta0)
-
-    @property
-    def group_by_given(self) -> bool:
-        """Whether the spec set ``group_by`` to a key (then the pool's prompts are required, see ``compose``)."""
-        return "group_by" in self.config.model_fields_set and self.config.group_by is not None
-
-    def group_prompts(self, prompts: Sequence[Prompt], embed: Callable[[], np.ndarray] | None = None) -> bool:
-        """Split the population prior by the first ``group_by`` candidate the pool ``prompts`` (indexed by pool index)
-        carries. Called by ``sara.allocators.compose``; False (nothing changed) when ``group_by`` is unset or nothing
-        applies (the default on a pool without its key: one population). ``embed() -> [pool, D]``, the prompts'
+    @classmethod
+    def population_for(cls, config: SARAConfig, prompts: Sequence[Prompt] | None,
+                       embed: Callable[[], np.ndarray] | None = None) -> GridPrior:
+        """The grid population prior a rule with ``config`` fits on the pool ``prompts`` (indexed by pool index):
+        one mixture per group of the first ``group_by`` candidate the pool carries, else one population (also when
+        ``prompts`` is None and ``group_by`` was left at its default). ``embed() -> [pool, D]``, the prompts'
         representations (``sara.envs.base.EmbedsPrompts``), is called only when ``<embedding>`` is the key chosen.
 
         Raises:
-            ConfigError: naming ``group_by`` when a list you gave has no key the pool carries, or names
-                ``<embedding>`` and the run has no representation of the prompts (``embed`` is None).
+            ConfigError: naming ``group_by`` when a list you gave has no key the pool carries, names ``<embedding>``
+                and the run has no representation of the prompts (``embed`` is None), or needs prompts and got none.
         """
         from sara.priors.grouped import GroupedGridPrior, group_labels
 
-        keys, given = self.config.group_keys, self.group_by_given
+        base = GridPrior(config.alpha0, config.beta0, fit=(config.prior or cls.default_prior) != "constant")
+        keys, given = config.group_keys, config.group_by_given
+        if prompts is None:
+            if given:
+                raise ConfigError(f"sara: field 'group_by': {config.group_by!r} splits the pool by its prompts, and "
+                                  "none were given; pass the pool's prompts (sara.build.build_allocation(..., "
+                                  "prompts=env.prompts)), or drop group_by for one population")
+            return base
 
         def carried(k: str) -> bool:
             # A key you gave is looked for in every prompt; the default's in a sample (simulated pools are lazy).
@@ -225,38 +245,30 @@ class SARAAllocator(SARABase):
                                   f"keys present: {', '.join(present) or '(none)'}; add 'auto' or drop group_by")
             if given:
                 group_labels(prompts, keys[0])  # raises, naming the key and the keys present
-            return False  # unset, or the default on a pool without its key: one population
-        holder = population_of(self.prior)
-        if not isinstance(holder, GridPrior):
-            raise TypeError(f"sara: group_by needs a grid prior to split, got {type(holder).__name__}")
-        grouped: GridPrior
+            return base  # unset, or the default on a pool without its key: one population
         if key == EMBEDDING:
             from sara.priors.representation import RepresentationPrior
 
             assert embed is not None  # carried() said so
-            grouped = RepresentationPrior.like(holder, embed())
-        elif key == AUTO:
+            return RepresentationPrior.like(base, embed())
+        if key == AUTO:
             from sara.priors.features import FeatureGroupedPrior, feature_splits
 
             splits = feature_splits(prompts)
-            if not splits:
-                return False  # no feature to split by: one population
-            grouped = FeatureGroupedPrior.like(holder, splits)
-        else:
-            grouped = GroupedGridPrior.like(holder, *group_labels(prompts, key))
-        if holder is self.prior:
-            self.prior = grouped
-        else:
-            self.prior.base = grouped  # type: ignore[attr-defined]
-        return True
+            return FeatureGroupedPrior.like(base, splits) if splits else base  # no feature to split by: one
+        return GroupedGridPrior.like(base, *group_labels(prompts, key))
 
-    def lend_population(self) -> GridPrior | None:
-        """The grid population prior the rule reads, split by prompt group under ``group_by``, for a sampler to score
-        prompts never drawn by their group (``sara.allocators.compose``). None when the pool is one population (every
-        unseen prompt would score alike; the sampler keeps its own prior, which measured better there) or when a
-        subclass's population is not a grid."""
-        base = population_of(self.prior)
-        return base if isinstance(base, GridPrior) and isinstance(base, GroupedPopulation) else None
+    def make_prior(self, kind: PriorKind) -> Prior:
+        """The grid population (given, or one fitted unless 'constant'); under a per-prompt history for 'history'."""
+        base = self.population_prior()
+        c = self.config
+        return HistoryPrior(c.decay, base, max_evidence=c.max_evidence) if kind == "history" else base
+
+    def population_prior(self) -> GridPrior:
+        """The population the rule fits: the one given at construction, else one population."""
+        if self._given_population is not None:
+            return self._given_population
+        return GridPrior(self.config.alpha0, self.config.beta0, fit=self.prior_kind != "constant")
 
     def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
         """``[rows]`` advantage weights of a batch of groups (their pool indices and sizes, rows in group order) when

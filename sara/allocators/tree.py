@@ -45,6 +45,7 @@ from sara.allocators.effectiveness import EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
 from sara.handles import format_handle, parse_handle
 from sara.priors.base import Prior
+from sara.priors.history import HistoryPrior
 from sara.priors.posteriors import log_p_all_fail, log_p_all_succeed
 from sara.units import UnitStatus, UnitTable
 
@@ -165,8 +166,8 @@ class TreeSARAAllocator(SARAPaperAllocator):
     carries_over = False  # per-node state does not travel with a carried unit
 
     def __init__(self, config: TreeConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
-                 **overrides: object) -> None:
-        super().__init__(config, prior=prior, **overrides)
+                 history: HistoryPrior | None = None, **overrides: object) -> None:
+        super().__init__(config, prior=prior, history=history, **overrides)
         self._reset_nodes()
 
     def _reset_nodes(self) -> None:

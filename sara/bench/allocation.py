@@ -29,14 +29,15 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from sara.allocators import compose, make_allocator
+from sara.allocators import make_allocator
 from sara.bench.summary import group_ratios
+from sara.build import build_allocation
 from sara.commands.counts import MAX_BATCH, MAX_GROUP, MAX_POOL, MAX_SEEDS, MAX_STEPS
 from sara.config import SaraModel
 from sara.driver import collect
 from sara.envs.sim.binary import SimulatedEnv
 from sara.metrics import save_figure
-from sara.samplers import PromptSampler, UniformSampler, make_sampler
+from sara.samplers import PromptSampler, UniformSampler
 from sara.specs import parse_allocation
 from sara.step import WrongAbandons
 from sara.types import CollectStats
@@ -171,13 +172,10 @@ def num_steps(cfg: AllocationBenchConfig) -> int:
 def _run_one(spec: str, cfg: AllocationBenchConfig, seed: int) -> tuple[list[CollectStats], np.ndarray]:
     pair = parse_allocation(spec, field="allocators", what="bench allocation")
     env = SimulatedEnv(cfg.population, size=cfg.pool_size, seed=seed)
-    allocator = make_allocator(pair.allocator, k=cfg.k)
     sampler_spec = pair.sampler_or("uniform" if spec == cfg.reference else cfg.sampler)
-    if sampler_spec == "oracle":
-        sampler: PromptSampler = OracleSampler(env, cfg.k, seed=seed)
-    else:
-        sampler = make_sampler(sampler_spec, len(env.prompts), seed=seed, k=cfg.k)
-    allocator, sampler = compose(allocator, sampler, env.prompts)  # sara@predictive: SARA reads the sampler's history
+    given: PromptSampler | str = OracleSampler(env, cfg.k, seed=seed) if sampler_spec == "oracle" else sampler_spec
+    built = build_allocation(pair.allocator, given, k=cfg.k, prompts=env.prompts, seed=seed)  # sara@predictive:
+    allocator, sampler = built.allocator, built.sampler  # SARA reads the sampler's history
     rng = np.random.default_rng([seed, 4242])
     visits = np.zeros(len(env.prompts), np.int64)
     stats = []

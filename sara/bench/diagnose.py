@@ -177,8 +177,7 @@ def diagnose_policy(config: Any, specs: Sequence[str], *, steps: int = 4, train_
         finish: Finish abandoned groups to count wrong abandons (extra analysis rollouts).
         seed: Seed of the diagnosis' rollouts and prompt order (apart from training's).
     """
-    from sara.allocators import compose, make_allocator
-    from sara.samplers import make_sampler
+    from sara.build import build_allocation
     from sara.train import Trainer
 
     pairs = [parse_allocation(spec, field="specs", what="diagnose") for spec in specs]  # refused before any work
@@ -194,9 +193,8 @@ def diagnose_policy(config: Any, specs: Sequence[str], *, steps: int = 4, train_
         out["rates_hist"] = np.histogram(rates, bins=(0, 1e-9, 0.1, 0.5, 0.9, 1 - 1e-9, 1))[0].tolist()
         out["population"] = population_figures(rates, cfg.k)
     for spec, pair in zip(specs, pairs):
-        allocator, sampler = compose(make_allocator(pair.allocator, k=cfg.k),
-                                     make_sampler(pair.sampler_or("uniform"), len(env.prompts), seed=seed, k=cfg.k),
-                                     env.prompts)
+        built = build_allocation(pair.allocator, pair.sampler_or("uniform"), k=cfg.k, prompts=env.prompts, seed=seed)
+        allocator, sampler = built.allocator, built.sampler
         obs = AllocationDiagnostics(env, finish=finish)
         for t in range(steps):
             collect(allocator, env, sampler, target_groups=cfg.groups_per_step, seed=seed, step=t, observers=[obs])

@@ -207,13 +207,11 @@ class _Run:
     machine whose load drifts during the benchmark slows every allocator alike)."""
 
     def __init__(self, cfg: GenerationBenchConfig, spec: str, driver: str, env: Any, seed: int) -> None:
-        from sara.allocators import compose, make_allocator
-        from sara.samplers import make_sampler
+        from sara.build import build_allocation
 
         self.cfg, self.spec, self.driver, self.seed = cfg, spec, driver, seed
-        allocator = make_allocator(spec, k=cfg.k)  # composed as sara.train does (per-component priors, ...)
-        self.allocator, self.sampler = compose(
-            allocator, make_sampler(cfg.sampler, len(env.prompts), seed=seed, k=allocator.k), prompts=env.prompts)
+        built = build_allocation(spec, cfg.sampler, k=cfg.k, prompts=env.prompts, seed=seed)  # as sara.train builds
+        self.allocator, self.sampler = built.allocator, built.sampler
         self.rec = _Recorder(env)
         self.carry: Any = None  # driver '+carry': what the last step left running
         self.pending: list[Any] = []  # driver '+carry': steps whose full batch waits until nothing runs any more

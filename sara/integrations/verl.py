@@ -29,13 +29,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from sara.allocators import compose, make_allocator
+from sara.allocators import BudgetAllocator, allocator_config
+from sara.build import build_allocation
 from sara.config import ConfigError, SaraModel, validate_config
 from sara.driver import DriverConfig, collect
 from sara.integrations.verl_agent_loop import SaraAgentLoopManager, check_sampler_config
 from sara.integrations.verl_env import VerlRolloutEnv
 from sara.integrations.verl_sources import DatasetSource, VerlDataloaderSource
-from sara.samplers import make_sampler
+from sara.samplers import PromptSampler
 from sara.types import CollectResult
 
 __all__ = ["SaraAgentLoopManager", "SaraSampler", "VerlSamplerConfig", "check_trainer_config"]
@@ -139,13 +140,16 @@ class SaraSampler:
         check_trainer_config(self.trainer.config)
         self.refill_fn = refill_fn
         self.k = int(self.config.k or self.trainer.config.actor_rollout_ref.rollout.n)
-        self.allocator = make_allocator(self.config.allocator, k=self.k)
-        if self.allocator.name == "sara_tree":
+        cls, options = allocator_config(self.config.allocator, k=self.k)
+        if cls.name == "sara_tree":
             raise ConfigError("SaraSampler: field 'allocator': tree allocators grow partial traces, which verl's agent "
                               "loop cannot continue; use a prompt-level allocator")
-        self.prompt_sampler = None
-        if self.config.sampler == "verl":
-            compose(self.allocator, None)  # an allocator that needs the pool's prompts fails here, not mid-run
+        # Built here with verl's dataloader as the source; with a sara sampler, built with it once the dataset exists
+        # (the allocator may read the sampler's history). Building checks the options now: an allocator that needs
+        # the pool's prompts (group_by) fails here, not mid-run.
+        alone = cls(options)
+        self._allocator: BudgetAllocator | None = alone if self.config.sampler == "verl" else None
+        self.prompt_sampler: PromptSampler | None = None
         self.validation = ReplayBuffer(trainer_mode=trainer_mode, trainer_config=trainer_config,
                                        max_off_policy_threshold=max_off_policy_threshold,
                                        max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
@@ -214,12 +218,26 @@ class SaraSampler:
             gen = int(data.get("gen_batch_size", None) or data.train_batch_size)
             return VerlDataloaderSource(env, manager, self.refill_fn, gen_batch_size=gen,  # type: ignore[arg-type]
                                         pool_size=POOL_SIZE)
-        if self.prompt_sampler is None:
-            self.prompt_sampler = make_sampler(self.config.sampler, len(self.trainer.train_dataset), seed=self.config.seed,
-                                               k=self.k)
-            compose(self.allocator, self.prompt_sampler)
+        sampler = self._prompt_sampler()
         env.release([uid for uid, _ in manager.take_held()])  # prepare_step's prompts: the sara sampler picks instead
-        return DatasetSource(self.prompt_sampler, env, manager, self.trainer)
+        return DatasetSource(sampler, env, manager, self.trainer)
+
+    @property
+    def allocator(self) -> BudgetAllocator:
+        """The sara allocator (state carried across steps: priors, counters)."""
+        if self._allocator is None:
+            self._prompt_sampler()
+        assert self._allocator is not None
+        return self._allocator
+
+    def _prompt_sampler(self) -> PromptSampler:
+        """The sara prompt sampler over verl's training dataset, built with the allocator the first time it is needed
+        (the dataset exists once verl's trainer is set up)."""
+        if self.prompt_sampler is None:
+            built = build_allocation(self.config.allocator, self.config.sampler, k=self.k,
+                                     pool_size=len(self.trainer.train_dataset), seed=self.config.seed)
+            self._allocator, self.prompt_sampler = built.allocator, built.sampler
+        return self.prompt_sampler
 
     def _metrics(self, result: CollectResult, env: VerlRolloutEnv, batch_rollouts: int) -> dict[str, float]:
         out = result.stats.as_metrics(prefix="sara/")
@@ -239,11 +257,7 @@ class SaraSampler:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.allocator.load_state_dict(state["allocator"])
         if state.get("sampler") is not None:
-            if self.prompt_sampler is None:
-                self.prompt_sampler = make_sampler(self.config.sampler, len(self.trainer.train_dataset),
-                                                   seed=self.config.seed, k=self.k)
-                compose(self.allocator, self.prompt_sampler)
-            self.prompt_sampler.load_state_dict(state["sampler"])
+            self._prompt_sampler().load_state_dict(state["sampler"])
 
 
 def _check_accounting(result: CollectResult, env: VerlRolloutEnv, batch_keys: int) -> None:

@@ -3,7 +3,7 @@
 A ``Prior`` gives each admitted unit its prior parameters (``params``: ``{"alpha0": [m], "beta0": [m]}``, plus
 ``hist_s`` / ``hist_f`` when it knows the prompt's own history), may refit within a running step (``refresh``), and
 learns from every finished step (``update``). Allocators read it; samplers may own one (a predictive sampler's
-per-prompt history) and lend it to an allocator (``sara.allocators.compose``).
+per-prompt history) and lend it to an allocator (``sara.build.build_allocation``).
 """
 
 from __future__ import annotations

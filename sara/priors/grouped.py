@@ -12,7 +12,7 @@ its own units' (n, s) counts with the pooled weights as a Dirichlet prior of ``s
 little data stays at the pooled fit. One ``rho`` (rollouts per effective group) prices every group: it is the optimum
 of the whole population, each group stopped by its own table, groups weighted by how many of their units the
 sampler drew (Dinkelbach over the sum). Units are mapped to groups by pool index (``labels``), which
-``sara.allocators.compose`` derives from ``Prompt.metadata[group_by]``.
+``sara.build.build_allocation`` derives from ``Prompt.metadata[group_by]``.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ class BorrowedHistory(Prior):
 
     ``params`` = the base population prior plus the history's decayed evidence (``hist_s`` / ``hist_f``), like
     ``HistoryPrior``; ``update`` only teaches the base (the owner of the history updates it), and ``state_dict`` holds
-    only the base (the owner checkpoints the history). Built by ``sara.allocators.compose``.
+    only the base (the owner checkpoints the history). Built by ``sara.build.build_allocation``.
 
     Args:
         history: The shared per-prompt history.

@@ -1,14 +1,20 @@
 """Prompt samplers: which prompts are drawn (uniform, predictive); the ``SAMPLERS`` registry and ``make_sampler``.
 
-Samplers use the priors (``sara.priors``): the predictive sampler keeps a per-prompt ``HistoryPrior`` and lends it to
-an allocator (``sara.allocators.compose``), never the reverse.
+Samplers use the priors (``sara.priors``): the predictive sampler keeps a per-prompt ``HistoryPrior`` that an allocator
+may read, and may score prompts under the population an allocator fits; ``sara.build.build_allocation`` builds the
+population first and gives each component what it reads at construction. Samplers never import allocators.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sara.config import ConfigError
 from sara.registry import Registry, subclass_of
 from sara.samplers.base import PromptSampler, UniformSampler, UniformSamplerConfig
+
+if TYPE_CHECKING:
+    from sara.priors.grid import GridPrior
 
 __all__ = ["SAMPLERS", "PromptSampler", "UniformSampler", "UniformSamplerConfig", "make_sampler"]
 
@@ -18,11 +24,13 @@ SAMPLERS.register("uniform", UniformSampler)
 SAMPLERS.register("predictive", "sara.samplers.predictive:PredictiveSampler")
 
 
-def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k: int | None = None) -> PromptSampler:
+def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k: int | None = None,
+                 allocator_population: GridPrior | None = None) -> PromptSampler:
     """Build a sampler from ``"name"`` / ``"name:key=value,..."`` for a pool of ``pool_size`` prompts.
 
     ``k`` (the run's group size) is passed to samplers that score groups (``takes_k``); a spec that sets another
-    ``k`` is an error (the group size has one source: the training config).
+    ``k`` is an error (the group size has one source: the training config). ``allocator_population`` (an allocator's
+    grid population split by prompt group) is passed to samplers that score under one (``takes_population``).
 
     Raises:
         ConfigError: unknown sampler, invalid option, or a ``k`` that disagrees with the run's.
@@ -38,6 +46,8 @@ def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k:
             raise ConfigError(f"sampler {spec!r}: field 'k': {options['k']} disagrees with the run's k={k}; drop k "
                               "from the sampler spec (the group size comes from the training config)")
         kwargs["k"] = int(k)
+    if allocator_population is not None and cls.takes_population:
+        kwargs["allocator_population"] = allocator_population
     try:
         return cls(pool_size, seed=seed, **kwargs)
     except TypeError as exc:

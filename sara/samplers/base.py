@@ -24,6 +24,9 @@ class PromptSampler(ABC):
     name: ClassVar[str] = "base"
     takes_k: ClassVar[bool] = False
     """True: the sampler scores groups of k (``make_sampler`` passes the run's group size as option ``k``)."""
+    takes_population: ClassVar[bool] = False
+    """True: the constructor takes ``allocator_population``, the run allocator's grid population split by prompt group
+    (``make_sampler`` passes it; ``sara.build.build_allocation`` builds it first)."""
 
     def __init__(self, pool_size: int, *, seed: int = 0) -> None:
         if pool_size < 1:

@@ -15,7 +15,8 @@ many rollouts each gets. The driver feeds the step's observations back through `
 A prompt never drawn has no evidence of its own, so under the sampler's own Beta every unseen prompt scores alike and
 selection among them is uniform. An allocator with a population prior over a grid of success rates split into
 groups (``sara`` when it splits the pool: one mixture per value of a prompt feature under ``group_by``, learned from
-the features under ``group_by=auto``) lends it through ``sara.allocators.compose`` (``use_population``); the sampler
+the features under ``group_by=auto``) has it built before either component (``sara.build.build_allocation``), and
+the sampler gets it at construction (``allocator_population``; the allocator fits it, the sampler reads it); the sampler
 then scores each candidate under its group's mixture times the prompt's own decayed likelihood, so an unseen prompt
 of a band that rarely mixes (always solved, never solved) is passed over before its first rollout. That is the
 default, ``population=allocator``; ``population=own`` keeps the sampler's Beta whoever it is composed with.
@@ -60,8 +61,8 @@ class PredictiveSamplerConfig(SaraModel):
     max_evidence: float = Field(64.0, gt=0.0)
     """Cap on a prompt's decayed pseudo-count, so confident prompts can still be revisited after drift."""
     population: Literal["own", "allocator"] = "allocator"
-    """Prior under each prompt's history: 'allocator' (the default), the grid population an allocator lends through
-    ``compose`` (``sara``'s, one mixture per prompt group under ``group_by``; see the module docstring), or the
+    """Prior under each prompt's history: 'allocator' (the default), the grid population the run's allocator fits,
+    given at construction (``sara``'s, one mixture per prompt group under ``group_by``; see the module docstring), or the
     sampler's Beta when none is lent (``ds``, ``uniform``, ``sara`` on one population); 'own', always the sampler's
     empirical-Bayes Beta (unseen prompts score alike)."""
 
@@ -72,13 +73,17 @@ class PredictiveSampler(PromptSampler):
     Args:
         pool_size: Prompts in the pool.
         seed: Seed of every random choice (candidates, Thompson draws).
+        allocator_population: The run allocator's grid population split by prompt group (fitted by the allocator,
+            read here); scored under when ``population=allocator``, else ignored.
         **options: ``PredictiveSamplerConfig`` fields (``k``, ``candidate_ratio``, ``decay``, ``explore``, ...).
     """
 
     name = "predictive"
     takes_k = True
+    takes_population = True
 
-    def __init__(self, pool_size: int, *, seed: int = 0, **options: object) -> None:
+    def __init__(self, pool_size: int, *, seed: int = 0, allocator_population: GridPrior | None = None,
+                 **options: object) -> None:
         super().__init__(pool_size, seed=seed)
         self.config = validate_config(PredictiveSamplerConfig, options, what="sampler 'predictive'")
         c = self.config
@@ -86,15 +91,7 @@ class PredictiveSampler(PromptSampler):
         self.visits = np.zeros(self.pool_size, np.int64)  # times each prompt was drawn (starvation analysis)
         self._taken = np.zeros(self.pool_size, bool)  # drawn in the running step
         self._calls = 0  # draws in the running step (seeds the draw)
-        self.population: GridPrior | None = None  # lent by an allocator (``use_population``); read, never updated
-
-    def use_population(self, prior: GridPrior) -> bool:
-        """Score candidates under ``prior`` (an allocator's grid population, owned and fitted by the allocator).
-        Called by ``sara.allocators.compose``; False (nothing changed) unless ``population=allocator``."""
-        if self.config.population != "allocator":
-            return False
-        self.population = prior
-        return True
+        self.population = allocator_population if c.population == "allocator" else None  # read, never updated
 
     def scores(self, pool_index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Probability that a size-k group of each prompt is mixed (Thompson draw or posterior predictive)."""

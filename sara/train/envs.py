@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sara.config import ConfigError
 
 if TYPE_CHECKING:
-    from sara.allocators.base import BudgetAllocator
+    from sara.allocators.base import AllocatorConfig
     from sara.envs.base import GenerationBackend, SamplingConfig
     from sara.envs.task_env import TaskEnv
     from sara.envs.tasks import Task
@@ -20,22 +20,23 @@ __all__ = ["make_envs"]
 
 
 def make_envs(cfg: TrainConfig, task: Task, backend: GenerationBackend, sampling: SamplingConfig,
-              scorer: BatchScorer | None, allocator: BudgetAllocator
+              scorer: BatchScorer | None, allocator: AllocatorConfig
               ) -> tuple[TaskEnv, TaskEnv | None, TaskEnv | None]:
-    """``(env, eval_env, greedy_env)`` of a run (the eval envs are None for a task without held-out prompts).
+    """``(env, eval_env, greedy_env)`` of a run (the eval envs are None for a task without held-out prompts), for the
+    run's allocator options ``allocator`` (the environment is built before the allocator, which needs its pool).
 
     Raises:
         ConfigError: a tree allocator that continues partial traces on a chat task the backend cannot render, or
             ``driver: stream`` on an environment that cannot stream (naming the field).
     """
-    from sara.allocators.tree import TreeSARAAllocator
+    from sara.allocators.tree import TreeConfig
     from sara.envs.base import SamplingConfig, StreamingEnv
     from sara.envs.task_env import ChatRenderer, TaskEnv
     from sara.envs.tree import TreeTaskEnv
 
     # Tree allocators that send node handles need the environment that turns them into partial traces (on a chat
     # task, rendered to text by the backend's chat template so a trace can be appended).
-    if isinstance(allocator, TreeSARAAllocator) and allocator.config.node_prefix:
+    if isinstance(allocator, TreeConfig) and allocator.node_prefix:
         render = backend.render_chat if isinstance(backend, ChatRenderer) else None
         if task.chat and render is None:
             raise ConfigError(f"train config: field 'allocator': {cfg.allocator!r} continues partial traces, and "

@@ -1,11 +1,12 @@
 """What a run's allocator and prompt sampler resolve to, before the pool or the model is loaded; and the config as
 ``sara train --print-config`` prints it.
 
-``build_allocator(cfg)`` and ``build_sampler(cfg, pool_size)`` are how the trainer builds both from a ``TrainConfig``
-(the spec's options validated by the class's config, ``k`` from the run). ``resolved_allocation(cfg)`` builds them
-the same way (the sampler over a one-prompt pool: no option depends on the pool's size; nothing here loads a task or
-a model), lends the sampler's history to the allocator as ``compose`` does (``sara.allocators.share_history``), and
-reads every option back from what was built, with each ``auto`` / None default replaced by what it resolves to. What
+``build_run_allocation(cfg, prompts, embed)`` is how the trainer builds both from a ``TrainConfig``
+(``sara.build.build_allocation``: the spec's options validated by the class's config, ``k`` from the run, each
+component given at construction what it reads). ``resolved_allocation(cfg)`` validates the same options (the sampler
+built over a one-prompt pool: no option depends on the pool's size; nothing here loads a task or a model), decides
+what reads what by the builder's rules, and reads every option back, with each ``auto`` / None default replaced by
+what it resolves to. What
 only the pool or the model decides (``group_by``'s key, the population a predictive sampler scores under) is named
 by what it is derived from.
 
@@ -16,27 +17,31 @@ under their specs, and the ``ray`` section only when ``ray.enabled`` (its option
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 from pydantic import BaseModel
 
-from sara.allocators import BudgetAllocator, LendsPopulation, make_allocator, share_history
-from sara.allocators.sara import AUTO, PriorOptions, SARABase, SARAConfig
+from sara.allocators import AllocatorConfig, BudgetAllocator, allocator_config
+from sara.allocators.sara import AUTO, PriorOptions, SARAAllocator, SARABase, SARAConfig
 from sara.allocators.sequential import SequentialConfig
 from sara.allocators.uniform import DynamicSamplingConfig
+from sara.build import Allocation, build_allocation
 from sara.config import parse_spec
 from sara.configfile import dump_yaml
 from sara.priors.features import EMBEDDING, FeatureGroupedPrior
 from sara.priors.grouped import GroupedGridPrior
-from sara.priors.history import AUTO_DECAYS
+from sara.priors.history import AUTO_DECAYS, HistorySource
 from sara.priors.representation import RepresentationPrior
 from sara.samplers import PromptSampler, UniformSamplerConfig, make_sampler
 from sara.samplers.predictive import PredictiveSamplerConfig
+from sara.types import Prompt
 
 if TYPE_CHECKING:
     from sara.train.config import TrainConfig
 
-__all__ = ["build_allocator", "build_sampler", "config_yaml", "resolved_allocation"]
+__all__ = ["allocation_config", "build_run_allocation", "config_yaml", "resolved_allocation"]
 
 OVERSAMPLE_RULE = "fresh units until the expected commits of the units in flight cover the groups still needed"
 """What ``oversample=auto`` does each round (``sara.allocators.admission``)."""
@@ -44,22 +49,25 @@ AUTO_DECAY = f"chosen online among {', '.join(map(str, AUTO_DECAYS))} by how wel
 """What ``decay=auto`` does (``sara.priors.history.HistoryPrior``)."""
 
 
-def build_allocator(cfg: TrainConfig) -> BudgetAllocator:
-    """The run's allocator, from ``cfg.allocator`` with the run's ``k`` (before ``compose`` wires it to the sampler).
+def allocation_config(cfg: TrainConfig) -> AllocatorConfig:
+    """The run's allocator options, validated, with the run's ``k`` (nothing built: the environment is built first,
+    for the pool the allocator needs).
 
     Raises:
         ConfigError: an unknown allocator or an invalid option, naming the field.
     """
-    return make_allocator(cfg.allocator, k=cfg.k)
+    return allocator_config(cfg.allocator, k=cfg.k)[1]
 
 
-def build_sampler(cfg: TrainConfig, pool_size: int) -> PromptSampler:
-    """The run's prompt sampler over a pool of ``pool_size`` prompts, seeded by the run, with the run's ``k``.
+def build_run_allocation(cfg: TrainConfig, prompts: Sequence[Prompt],
+                         embed: Callable[[], np.ndarray] | None = None) -> Allocation:
+    """The run's allocator and prompt sampler on the pool ``prompts``, seeded by the run, with the run's ``k``
+    (``sara.build.build_allocation``; ``embed`` is the policy's representation of each prompt).
 
     Raises:
-        ConfigError: an unknown sampler or an invalid option.
+        ConfigError: an invalid spec, or a ``group_by`` the pool cannot serve.
     """
-    return make_sampler(cfg.sampler, pool_size, seed=cfg.seed, k=cfg.k)
+    return build_allocation(cfg.allocator, cfg.sampler, k=cfg.k, prompts=prompts, seed=cfg.seed, embed=embed)
 
 
 def resolved_allocation(cfg: TrainConfig) -> dict[str, dict[str, object]]:
@@ -67,24 +75,27 @@ def resolved_allocation(cfg: TrainConfig) -> dict[str, dict[str, object]]:
 
     An option the run uses as it is keeps its value. An ``auto`` value, a ``group_by`` list and an option that the
     resolved prior leaves unused become ``"<value> (what it resolves to, or why it is unused)"``; a None default
-    becomes ``"<what it resolves to> (why)"`` (``"empirical (the rule's default)"``). Builds no model, loads no task.
+    becomes ``"<what it resolves to> (why)"`` (``"empirical (the rule's default)"``). Builds no model, loads no task:
+    the allocator's options are read from its validated config, the sampler is built over a one-prompt pool (no
+    option depends on the pool's size), and what reads what follows ``sara.build.build_allocation``'s rules.
 
     Raises:
         ConfigError: an invalid allocator or sampler spec, as the trainer would raise it.
     """
-    allocator, sampler = build_allocator(cfg), build_sampler(cfg, 1)
-    borrowed = share_history(allocator, sampler)
-    return {"allocator": _allocator(allocator, borrowed),
-            "sampler": _sampler(sampler, allocator, parse_spec(cfg.sampler)[1])}
+    cls, config = allocator_config(cfg.allocator, k=cfg.k)
+    sampler = make_sampler(cfg.sampler, 1, seed=cfg.seed, k=cfg.k)
+    borrowed = (isinstance(sampler, HistorySource) and issubclass(cls, SARABase) and isinstance(config, PriorOptions)
+                and cls.reads_history(config))
+    return {"allocator": _allocator(cls, config, borrowed),
+            "sampler": _sampler(sampler, cls, config, parse_spec(cfg.sampler)[1])}
 
 
-def _allocator(allocator: BudgetAllocator, borrowed: bool) -> dict[str, object]:
-    c = allocator.config
-    out: dict[str, object] = {"name": allocator.name, **c.model_dump(mode="json")}
+def _allocator(cls: type[BudgetAllocator], c: AllocatorConfig, borrowed: bool) -> dict[str, object]:
+    out: dict[str, object] = {"name": cls.name, **c.model_dump(mode="json")}
     if isinstance(c, SequentialConfig) and c.oversample == "auto":
         out["oversample"] = f"auto ({OVERSAMPLE_RULE})"
-    if isinstance(c, PriorOptions) and isinstance(allocator, SARABase):
-        kind = allocator.prior_kind
+    if isinstance(c, PriorOptions) and issubclass(cls, SARABase):
+        kind = c.prior or cls.default_prior
         if borrowed:
             out["prior"] = "history (the sampler's per-prompt history, over a fitted population)"
         elif c.prior is None:
@@ -95,7 +106,7 @@ def _allocator(allocator: BudgetAllocator, borrowed: bool) -> dict[str, object]:
         elif c.decay == "auto":
             out["decay"] = f"auto ({AUTO_DECAY})"
     if isinstance(c, SARAConfig):
-        out["group_by"] = _group_by(c, given="group_by" in c.model_fields_set)
+        out["group_by"] = _group_by(c, given=c.group_by_given)
         if c.reweight is None:
             out["reweight"] = _reweight(c)
     if isinstance(c, DynamicSamplingConfig):
@@ -130,7 +141,8 @@ def _reweight(c: SARAConfig) -> str:
     return f"{each} (the grouped prior's default, by the group_by key the pool carries; none on one population)"
 
 
-def _sampler(sampler: PromptSampler, allocator: BudgetAllocator, options: dict[str, str]) -> dict[str, object]:
+def _sampler(sampler: PromptSampler, cls: type[BudgetAllocator], allocator: AllocatorConfig,
+             options: dict[str, str]) -> dict[str, object]:
     config = getattr(sampler, "config", None)  # the registered samplers' validated options (a user's may have none)
     if not isinstance(config, BaseModel):
         return {"name": sampler.name, **options}
@@ -139,12 +151,12 @@ def _sampler(sampler: PromptSampler, allocator: BudgetAllocator, options: dict[s
         if config.decay == "auto":
             out["decay"] = f"auto ({AUTO_DECAY})"
         if config.population == "allocator":
-            lends = isinstance(allocator, LendsPopulation) and not (
-                isinstance(allocator.config, SARAConfig) and not allocator.config.group_keys)  # one population
+            lends = (issubclass(cls, SARAAllocator) and isinstance(allocator, SARAConfig)
+                     and bool(allocator.group_keys))  # a population split by prompt group (sara.build)
             out["population"] = (
-                f"allocator ({allocator.name}'s grid population, split by its prompt groups, where its group_by "
+                f"allocator ({cls.name}'s grid population, split by its prompt groups, where its group_by "
                 "splits the pool; else the sampler's own Beta)" if lends
-                else f"allocator (the sampler's own Beta, {allocator.name} lends no population)")
+                else f"allocator (the sampler's own Beta, {cls.name} lends no population)")
     if isinstance(config, UniformSamplerConfig) and config.pool_epochs is None:
         out["pool_epochs"] = "unlimited (null)"
     return out

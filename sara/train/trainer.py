@@ -60,7 +60,6 @@ class Trainer:
         import torch
 
         from sara.algos import make_algo
-        from sara.allocators import compose
         from sara.allocators.sequential import SequentialAllocator
         from sara.backends import BACKENDS
         from sara.backends.embed import policy_embedder
@@ -71,7 +70,7 @@ class Trainer:
         from sara.policies import POLICIES
         from sara.priors.grouped import prompt_groups
         from sara.train.envs import make_envs
-        from sara.train.resolve import build_allocator, build_sampler
+        from sara.train.resolve import allocation_config, build_run_allocation
 
         cfg = config if isinstance(config, TrainConfig) else validate_config(TrainConfig, dict(config or {}),
                                                                               what="train config")
@@ -107,14 +106,13 @@ class Trainer:
                                   max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
                                   stop=self.task.stop)
         self.scorer = BatchScorer(self.task.verifier, mode=mode, timeout_s=self.task.timeout_s)  # shared by the envs
-        self.allocator = build_allocator(cfg)  # as --print-config resolves it (sara.train.resolve)
         self.env, self.eval_env, self.greedy_env = make_envs(cfg, self.task, self.backend, sampling, self.scorer,
-                                                             self.allocator)
+                                                             allocation_config(cfg))
         self.verifier_health = VerifierHealth(self.env, self.task.verifier, cfg.max_verifier_failure_share)
         self.progress = StepProgress(lambda text, force=False: self._logger and self._logger.live(text, force=force))
-        sampler = build_sampler(cfg, len(self.env.prompts))
         embed = pool_embedder(self.env, policy_embedder(self.policy), print if verbose else None)  # <embedding>
-        self.allocator, self.sampler = compose(self.allocator, sampler, self.env.prompts, embed)
+        built = build_run_allocation(cfg, self.env.prompts, embed)  # as --print-config resolves it (sara.train.resolve)
+        self.allocator, self.sampler = built.allocator, built.sampler
         self.bank = SurplusBank(cfg.groups_per_step, cfg.surplus)  # committed groups beyond the batch (bank.py)
         self.step = self.version = 0  # steps taken; the policy's weights version (one per update)
         self.totals: dict[str, float] = defaultdict(float)  # cumulative rollouts, tokens, groups
