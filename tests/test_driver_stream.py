@@ -212,6 +212,20 @@ def test_a_backend_that_cannot_stream_is_a_config_error():
                 driver={"carry_lag": 1})
 
 
+def test_task_env_streams_exactly_when_its_backend_does():
+    from sara.envs.base import StreamingEnv
+    from sara.envs.task_env import StreamingTaskEnv
+    from sara.envs.tree import TreeTaskEnv
+
+    streaming, plain = _env(slots=5), _env(backend=Plain())
+    assert type(streaming) is StreamingTaskEnv and isinstance(streaming, StreamingEnv) and streaming.slots == 5
+    assert type(plain) is TaskEnv and not isinstance(plain, StreamingEnv) and not hasattr(plain, "submit")
+    keyword = TaskEnv(TASK, backend=Arith(3), scorer_mode="inline")  # the backend given by keyword
+    assert isinstance(keyword, StreamingTaskEnv)
+    tree = TreeTaskEnv(TASK, Arith(3), scorer_mode="inline")  # a subclass is what it subclasses: rounds
+    assert not isinstance(tree, StreamingEnv)
+
+
 def test_scripted_streaming_backend_passes_check_backend():
     report = check_backend(Arith(3), state_dict={})
     assert report["streamed"] == 4

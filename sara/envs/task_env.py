@@ -1,6 +1,7 @@
-"""``TaskEnv``: a verifiable task on a generation backend, as the ``RolloutEnv`` the driver runs rounds on (and, on a
-``StreamingBackend``, a ``StreamingEnv``: ``submit`` / ``poll`` / ``abort`` single rollouts under integer tags;
-``poll`` scores what finished in one scorer call and builds the ``Rollout`` objects exactly as ``rollout`` does).
+"""``TaskEnv``: a verifiable task on a generation backend, as the ``RolloutEnv`` the driver runs rounds on; on a
+``StreamingBackend``, ``TaskEnv(task, backend)`` is a ``StreamingTaskEnv``, also a ``StreamingEnv``: ``submit`` /
+``poll`` / ``abort`` single rollouts under integer tags; ``poll`` scores what finished in one scorer call and builds
+the ``Rollout`` objects exactly as ``rollout`` does.
 
 One ``rollout`` call = one allocation round: every request's prompt is rendered (task template, then
 ``request.prefix`` appended), the whole round goes to ONE ``backend.generate`` call, and the completions are scored by
@@ -33,7 +34,7 @@ from sara.envs.tasks.scoring import ERROR, NOT_APPLICABLE, OK, TIMEOUT, BatchSco
 from sara.envs.tasks.scoring import scorer_mode as _scorer_mode
 from sara.types import Prompt, Rollout, RolloutRequest
 
-__all__ = ["ChatRenderer", "ReportsVerifierFailures", "TaskEnv", "pool_embedder"]
+__all__ = ["ChatRenderer", "ReportsVerifierFailures", "StreamingTaskEnv", "TaskEnv", "pool_embedder"]
 
 
 @runtime_checkable
@@ -75,6 +76,15 @@ class TaskEnv:
             started once); its owner closes it. Overrides ``scorer_mode``, ``timeout_s`` and ``workers``.
     """
 
+    def __new__(cls, task: Task | str | None = None, backend: GenerationBackend | None = None, *args: Any,
+                **kwargs: Any) -> TaskEnv:
+        """``TaskEnv(task, backend)`` on a ``StreamingBackend`` is a ``StreamingTaskEnv`` (a ``StreamingEnv``); a
+        subclass is what it subclasses (``TreeTaskEnv`` runs rounds only)."""
+        backend = kwargs.get("backend", backend)
+        if cls is TaskEnv and isinstance(backend, StreamingBackend):
+            return super().__new__(StreamingTaskEnv)
+        return super().__new__(cls)
+
     def __init__(self, task: Task | str, backend: GenerationBackend, sampling: SamplingConfig | None = None, *,
                  split: Literal["train", "eval"] = "train",
                  scorer_mode: Literal["auto", "thread", "process", "inline"] = "auto",
@@ -115,21 +125,6 @@ class TaskEnv:
                 return rendered
         return rendered + request.prefix
 
-    def _streams(self) -> bool:
-        """Whether the backend streams (``StreamingBackend``): then this env is a ``StreamingEnv``. A subclass that
-        changes ``rollout`` (``TreeTaskEnv``) streams only if it changes ``poll`` too."""
-        cls = type(self)
-        return isinstance(self.backend, StreamingBackend) and (cls.rollout is TaskEnv.rollout or
-                                                               cls.poll is not TaskEnv.poll)
-
-    @property
-    def slots(self) -> int:
-        """The streaming backend's capacity (``AttributeError`` when it cannot stream: then this env is no
-        ``StreamingEnv``)."""
-        if not self._streams():
-            raise AttributeError(f"TaskEnv.slots: backend {type(self.backend).__name__} cannot stream")
-        return int(self.backend.slots)  # type: ignore[attr-defined]
-
     def rollout(self, requests: Sequence[RolloutRequest]) -> list[list[Rollout]]:
         """Generate (one backend call) and score one round; ``out[i]`` holds ``requests[i].n`` rollouts."""
         if not requests:
@@ -147,40 +142,6 @@ class TaskEnv:
             out.append(flat[k: k + r.n])
             k += r.n
         return out
-
-    # ---- streaming (when the backend is a ``StreamingBackend``) ------------------------------------------------------
-    def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
-        """Start one rollout per ``(tag, request)`` (``request.n == 1``), rendered exactly as ``rollout`` renders."""
-        if not self._streams():
-            raise TypeError(f"TaskEnv.submit: backend {type(self.backend).__name__} cannot stream")
-        gen = []
-        for tag, r in items:
-            if r.n != 1:
-                raise ValueError(f"TaskEnv.submit: tag {tag}: a streamed request has exactly one seed, got {r.n}")
-            gen.append((int(tag), GenerationRequest(prompt=self.render(r), seeds=(int(r.seeds[0]),),
-                                                    max_new_tokens=r.max_new_tokens)))
-            self._pending[int(tag)] = r
-        t0 = time.perf_counter()
-        self.backend.submit(gen, self.sampling)  # type: ignore[attr-defined]
-        self._counts["generate_seconds"] += time.perf_counter() - t0
-
-    def poll(self, timeout: float | None = None) -> list[tuple[int, Rollout]]:
-        """Every finished ``(tag, rollout)``, scored in one scorer call (built exactly as ``rollout`` builds them)."""
-        t0 = time.perf_counter()
-        done = self.backend.poll(timeout)  # type: ignore[attr-defined]
-        self._counts["generate_seconds"] += time.perf_counter() - t0
-        done = [(tag, c) for tag, c in done if int(tag) in self._pending]  # an aborted tag that finished meanwhile
-        if not done:
-            return []
-        reqs = [self._pending.pop(int(tag)) for tag, _ in done]
-        rollouts = self._score([(r, int(r.seeds[0]), c) for r, (_, c) in zip(reqs, done)])
-        return [(int(tag), r) for (tag, _), r in zip(done, rollouts)]
-
-    def abort(self, tags: Sequence[int]) -> int:
-        """Cancel in-flight rollouts; returns the tokens they had generated (the backend's count)."""
-        for t in tags:
-            self._pending.pop(int(t), None)
-        return int(self.backend.abort(list(tags))) if tags else 0  # type: ignore[attr-defined]
 
     def _score(self, items: Sequence[tuple[RolloutRequest, int, Completion]]) -> list[Rollout]:
         """Score ``(request, seed, completion)`` triples in one scorer call; the ``Rollout`` of each, counted as one
@@ -242,6 +203,52 @@ class TaskEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StreamingTaskEnv(TaskEnv):
+    """A ``TaskEnv`` on a ``StreamingBackend``, and so a ``StreamingEnv``: single rollouts go in under integer tags
+    (``submit``), ``poll`` scores what finished in one scorer call and builds each ``Rollout`` exactly as ``rollout``
+    builds it (same ``env/...`` counters; a poll that delivered is one ``env/rounds``), ``abort`` cancels.
+    ``TaskEnv(task, backend)`` builds one when the backend streams; its arguments are ``TaskEnv``'s.
+    """
+
+    backend: StreamingBackend
+
+    @property
+    def slots(self) -> int:
+        """The streaming backend's capacity (rollouts decoded together)."""
+        return int(self.backend.slots)
+
+    def submit(self, items: Sequence[tuple[int, RolloutRequest]]) -> None:
+        """Start one rollout per ``(tag, request)`` (``request.n == 1``), rendered exactly as ``rollout`` renders."""
+        gen = []
+        for tag, r in items:
+            if r.n != 1:
+                raise ValueError(f"TaskEnv.submit: tag {tag}: a streamed request has exactly one seed, got {r.n}")
+            gen.append((int(tag), GenerationRequest(prompt=self.render(r), seeds=(int(r.seeds[0]),),
+                                                    max_new_tokens=r.max_new_tokens)))
+            self._pending[int(tag)] = r
+        t0 = time.perf_counter()
+        self.backend.submit(gen, self.sampling)
+        self._counts["generate_seconds"] += time.perf_counter() - t0
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, Rollout]]:
+        """Every finished ``(tag, rollout)``, scored in one scorer call (built exactly as ``rollout`` builds them)."""
+        t0 = time.perf_counter()
+        done = self.backend.poll(timeout)
+        self._counts["generate_seconds"] += time.perf_counter() - t0
+        done = [(tag, c) for tag, c in done if int(tag) in self._pending]  # an aborted tag that finished meanwhile
+        if not done:
+            return []
+        reqs = [self._pending.pop(int(tag)) for tag, _ in done]
+        rollouts = self._score([(r, int(r.seeds[0]), c) for r, (_, c) in zip(reqs, done)])
+        return [(int(tag), r) for (tag, _), r in zip(done, rollouts)]
+
+    def abort(self, tags: Sequence[int]) -> int:
+        """Cancel in-flight rollouts; returns the tokens they had generated (the backend's count)."""
+        for t in tags:
+            self._pending.pop(int(t), None)
+        return int(self.backend.abort(list(tags))) if tags else 0
 
 
 def pool_embedder(env: Any, fallback: EmbedsPrompts | None = None,

@@ -265,8 +265,9 @@ class Trainer:
     def release_carry(self) -> None:
         """Abort the rollouts the last step left running for the next one (before a checkpoint, at the run's end)."""
         from sara.driver import release_carry
+        from sara.envs.base import StreamingEnv
 
-        if self._carry is not None:
+        if self._carry is not None and isinstance(self.env, StreamingEnv):  # only a streaming step carries work
             release_carry(self.env, self._carry)
             self._carry = None
 
