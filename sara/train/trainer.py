@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from sara.backends import PrefixCached
 from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
@@ -173,8 +174,10 @@ class Trainer:
                 batch = learner.make_batch(groups, version=self.version)
                 advantages, returns, extra = learner.advantages(batch) if batch is not None else (None, None, {})
                 advantages = weigh_advantages(self.allocator, groups, advantages, extra)  # sara:reweight=ds
-            # 3-4. Loss and optimizer steps: `epochs` passes of shuffled mini-batches (optimizer steps counted).
+            # 3-4. Loss and optimizer steps (`epochs` passes of mini-batches); the engine's prompt KV is stale from here
             with timer("update"):
+                if isinstance(self.backend, PrefixCached):  # freed before the update's peak, not after it
+                    self.backend.reset_prefix_cache()
                 algo_metrics = (learner.update(batch, cast(Advantages, advantages), returns, extra, step=self.step)
                                 if batch is not None else {})
                 check_finite(self.step, algo_metrics, self.policy, cfg)  # before the weights go anywhere
@@ -203,9 +206,8 @@ class Trainer:
         """Train until ``steps`` (default ``config.steps``) or the rollout budget is spent; evaluate, checkpoint,
         log JSONL (+ TensorBoard), plot; return a summary.
 
-        SIGINT / SIGTERM (the first of them) end the run after the running step with a final checkpoint; the summary
-        says which signal (``interrupted``). A checkpoint that cannot be written (e.g. a full disk) is a warning,
-        any other file of the run a one-line error (``sara.train.rundir.run_writes``).
+        SIGINT / SIGTERM end the run after the running step with a final checkpoint (``interrupted`` names the signal);
+        a checkpoint that cannot be written is a warning, any other file a one-line error (``rundir.run_writes``).
         """
         from sara.metrics import PROGRESS_FIELDS, MetricsLogger, plot_learning_curves, read_jsonl
         from sara.train.guards import StopSignals
@@ -256,8 +258,7 @@ class Trainer:
         return b is not None and self.totals["rollouts"] + pending >= b
 
     def _carry_lag(self) -> int:
-        """``carry_lag`` for the step about to run: 0 when it writes a checkpoint or is the run's last (a checkpoint
-        holds no carried work, so a resumed run equals the uninterrupted one)."""
+        """``carry_lag`` for the next step: 0 before a checkpoint or the run's end (a checkpoint holds no carried work)."""
         cfg, nxt = self.config, self.step + 1
         boundary = (cfg.checkpoint_every and nxt % cfg.checkpoint_every == 0) or nxt >= self._horizon
         return 0 if boundary else cfg.driver.carry_lag
