@@ -110,3 +110,47 @@ def test_a_fill_from_end_reorder_copies_moved_rows_in_place():
     assert torch.equal(layer.keys, keys[order]) and torch.equal(layer.values, keys[order])
     layer.reorder_cache(torch.tensor([2, 1, 0]))  # most rows move: a fresh buffer, the same values
     assert torch.equal(layer.keys, keys[order][[2, 1, 0]]) and layer._bk.shape[-2] == 8
+
+
+def _cache(*layers):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(layers=list(layers))
+
+
+def _padded(x, width):
+    return torch.cat([x.new_zeros((*x.shape[:2], width - x.shape[-2], x.shape[-1])), x], dim=-2)
+
+
+def test_join_rows_writes_newcomers_in_place_when_the_buffers_have_room():
+    """A join equals ``torch.cat`` of the left-padded caches; the first join copies both into a buffer with room for
+    the engine's rows, and once rows have left (an in-place reorder) a join writes only the newcomers into it."""
+    from transformers.cache_utils import DynamicLayer
+
+    from sara.backends.hf_cache import SpareLayer, fill_from_end, join_rows
+
+    g = torch.Generator().manual_seed(0)
+    run = torch.randn(3, 2, 6, 4, generator=g)
+    new = torch.randn(2, 2, 4, 4, generator=g)
+    cache = _cache(SpareLayer(run.clone(), run.clone() + 1, spare=8))
+    fresh = DynamicLayer()
+    fresh.keys, fresh.values, fresh.is_initialized = new.clone(), new.clone() + 1, True
+    join_rows(cache, _cache(fresh), width=6, spare=8, rows=6)
+    want = torch.cat([run, _padded(new, 6)])
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys, want) and torch.equal(layer.values, want + torch.cat([torch.ones_like(run), _padded(
+        torch.ones_like(new), 6)]))
+    buffer = layer._bk.data_ptr()
+    layer.reorder_cache(torch.tensor(fill_from_end([0, 1, 4], 5)))  # rows 2, 3 leave: row 4 moves, in place
+    kept = want[[0, 1, 4]]
+    more = torch.randn(3, 2, 5, 4, generator=g)
+    again = DynamicLayer()
+    again.keys, again.values, again.is_initialized = more.clone(), more.clone(), True
+    join_rows(cache, _cache(again), width=6, spare=8, rows=6)
+    assert cache.layers[0] is layer and layer._bk.data_ptr() == buffer  # the newcomers written into its free rows
+    assert torch.equal(layer.keys, torch.cat([kept, _padded(more, 6)]))
+    wide = torch.randn(1, 2, 9, 4, generator=g)  # wider than the running cache: a fresh buffer, left-padded
+    last = DynamicLayer()
+    last.keys, last.values, last.is_initialized = wide.clone(), wide.clone(), True
+    join_rows(cache, _cache(last), width=9, spare=8, rows=6)
+    assert torch.equal(cache.layers[0].keys, torch.cat([_padded(torch.cat([kept, _padded(more, 6)]), 9), wide]))

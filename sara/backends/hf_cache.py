@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["SpareLayer", "fill_from_end", "with_spare"]
+__all__ = ["SpareLayer", "fill_from_end", "join_rows", "trim_front", "with_spare"]
 
 
 class SpareLayer(DynamicLayer):
@@ -165,3 +165,70 @@ def with_spare(cache: Any, spare: int) -> Any:
             if room < spare:
                 layers[i] = SpareLayer(layer.keys, layer.values, spare)
     return cache
+
+
+def join_rows(cache: Any, other: Any, width: int, spare: int, rows: int = 0) -> None:
+    """Append ``other``'s rows to ``cache``'s (in place), both left-padded with zeros to ``width`` positions, into
+    ``SpareLayer`` buffers with ``spare`` free positions after ``width``.
+
+    When a running layer's buffer already has room for the newcomers (rows beyond its view, left there by
+    ``reorder_cache``'s in-place path or by an earlier join, and ``spare`` free positions at ``width``), only the
+    newcomers are written; otherwise both are copied into a fresh buffer with room for ``rows`` rows in all and for
+    ``2 * spare`` positions, so the joins of the next ``spare`` steps can be written in place. Either way the decode steps after a join write in place (a join by
+    ``torch.cat`` leaves no room, so the next step would copy everything again).
+
+    Args:
+        cache: The running cache (``layers``: dynamic or spare layers, ``[B, H, L, D]``); its layers are replaced.
+        other: The newcomers' cache (``[B2, H, L2, D]``), ``L``, ``L2`` <= ``width``.
+        width: Positions of the joined cache.
+        spare: Free positions to reserve after ``width``.
+        rows: Rows to make room for in a fresh buffer (the engine's capacity; at least ``B + B2``).
+    """
+    for i, (old, new) in enumerate(zip(cache.layers, other.layers)):
+        fits = (isinstance(old, SpareLayer) and old._bk is not None and old._bv is not None and old._nk == width
+                and _room_of(old._bk)[1] >= width + spare)
+        if fits and _room_of(old._bk)[0] >= old._bk.shape[0] + new.keys.shape[0]:
+            old._bk = _write_rows(old._bk, new.keys, width)
+            old._bv = _write_rows(old._bv, new.values, width)
+            continue
+        joined = SpareLayer()
+        for name in ("keys", "values"):
+            a, b = getattr(old, name), getattr(new, name)
+            n = a.shape[0] + b.shape[0]
+            buf = a.new_empty((max(n, int(rows)), a.shape[1], width + 2 * max(0, int(spare)), a.shape[-1]))
+            buf[:n, :, : width - a.shape[-2]].zero_()
+            buf[: a.shape[0], :, width - a.shape[-2] : width] = a
+            buf[a.shape[0] : n, :, : width - b.shape[-2]].zero_()
+            buf[a.shape[0] : n, :, width - b.shape[-2] : width] = b
+            if name == "keys":
+                joined._bk, joined._nk = buf[:n], width
+            else:
+                joined._bv, joined._nv = buf[:n], width
+        joined.dtype, joined.device, joined.is_initialized = old.keys.dtype, old.keys.device, True
+        cache.layers[i] = joined
+
+
+def _room_of(buf: torch.Tensor) -> tuple[int, int]:
+    """``(rows, positions)`` the storage behind the view ``buf`` (``[B, H, L, D]``, rows outermost) can hold."""
+    _, h, _, d = buf.shape
+    s0, s1, s2, s3 = buf.stride()
+    if s3 != 1 or s2 != d or s1 % d or s0 != h * s1 or not buf.numel():  # not a row-major [B, H, L + room, D]
+        return int(buf.shape[0]), int(buf.shape[-2])
+    elems = buf.untyped_storage().nbytes() // buf.element_size() - buf.storage_offset()
+    return int(elems // s0), int(s1 // d)
+
+
+def _write_rows(buf: torch.Tensor, new: torch.Tensor, width: int) -> torch.Tensor:
+    """``buf``'s view grown by ``new``'s rows, written in place after its rows, left-padded with zeros to ``width``."""
+    b, n = int(buf.shape[0]), int(new.shape[0])
+    grown = buf.as_strided((b + n, *buf.shape[1:]), buf.stride(), buf.storage_offset())
+    grown[b:, :, : width - new.shape[-2]].zero_()
+    grown[b:, :, width - new.shape[-2] : width] = new
+    return grown
+
+
+def trim_front(cache: Any, lead: int, spare: int) -> None:
+    """Drop every layer's first ``lead`` positions (in place), keeping ``spare`` free positions after the rest."""
+    for i, layer in enumerate(cache.layers):
+        keys, values = layer.keys[..., lead:, :], layer.values[..., lead:, :]
+        cache.layers[i] = SpareLayer(keys, values, spare)

@@ -6,12 +6,16 @@ least one completion finishes; at the start of every step, queued completions ar
 1. the newcomers are prefilled together (left padding; a prompt shared by several newcomers is prefilled once and its
    KV repeated; a prompt in the backend's prompt-KV cache, ``sara.backends.hf_prefix``, is not prefilled at all), in
    their own ``DynamicCache``;
-2. their KV, attention mask and last logits JOIN the running batch: the narrower of the two caches is left-padded
-   (zero keys / values, mask 0) to the wider one's length and both are concatenated along the batch axis. Position
-   ids are per row (a row's next position = its own token count), so padding columns never shift a row's positions;
+2. their KV, attention mask and last logits JOIN the running batch: both caches are left-padded (zero keys / values,
+   mask 0) to the wider one's length and written into one buffer per layer with room for the tokens still to come
+   (``sara.backends.hf_cache.join_rows``), so the decode steps after a join write in place instead of copying the
+   cache. Position ids are per row (a row's next position = its own token count), so padding columns never shift a
+   row's positions;
 3. one token is sampled for every row (token ``t`` of the completion with seed ``s`` is drawn exactly as
    ``HFBackend._sample`` draws it, with ``u(s, t)``), finished rows (EOS, stop string, cap) leave the batch and the
-   cache, leading columns that are padding for every remaining row are trimmed, and the rest take one forward step.
+   cache (the last rows move into the freed slots: only they are copied, ``fill_from_end``), leading columns that
+   are padding for every remaining row are trimmed once there are enough of them to be worth a copy
+   (``TRIM_MIN``), and the rest take one forward step.
 
 A completion is therefore the same function of (prompt, seed, weights) as ``generate``'s, whatever joins or leaves
 the batch around it (up to last-bit logit noise with the batch shape, as for ``generate``: exact in float32 on the
@@ -34,12 +38,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from sara.backends.hf_cache import fill_from_end, join_rows, trim_front, with_spare
 from sara.backends.hf_prefix import left_pad
 from sara.backends.hf_rows import DecodeHost, Row
 from sara.backends.text import encode_prompt
 from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 
 __all__ = ["HFStreamEngine"]
+
+TRIM_MIN = 16
+"""Fewest all-padding leading columns worth trimming (a trim copies every row's cache; so does an eighth of the
+width at least)."""
 
 
 @dataclass
@@ -169,8 +178,8 @@ class HFStreamEngine:
                 keep.append(i)
                 continue
             self.done.append(s)
-        tok = tok.index_select(0, torch.tensor(keep, dtype=torch.long, device=tok.device))
-        self._select(keep)
+        order = self._select(keep)
+        tok = tok.index_select(0, torch.tensor(order, dtype=torch.long, device=tok.device))
         if not self.rows:
             return
         mask = self.mask
@@ -197,37 +206,40 @@ class HFStreamEngine:
         next_pos = mask.sum(-1, keepdim=True)
         for s in new:
             s.pending_version = b.version
+        spare = max(s.cap - len(s.tokens) for s in [*self.rows, *new]) + 1  # decode steps write in place
         if not self.rows:
-            self.rows, self.cache, self.mask, self.next_pos, self.logits = new, cache, mask, next_pos, logits
+            self.rows, self.mask, self.next_pos, self.logits = new, mask, next_pos, logits
+            self.cache = with_spare(cache, spare)
             return
         assert self.mask is not None and self.next_pos is not None and self.logits is not None
         wide = max(self.mask.shape[1], mask.shape[1])
-        for old, fresh in zip(self.cache.layers, cache.layers):
-            old.keys = torch.cat([left_pad(old.keys, wide, -2), left_pad(fresh.keys, wide, -2)], dim=0)
-            old.values = torch.cat([left_pad(old.values, wide, -2), left_pad(fresh.values, wide, -2)], dim=0)
+        join_rows(self.cache, cache, wide, spare, rows=self.slots)  # in place where the buffers have room
         self.mask = torch.cat([left_pad(self.mask, wide, -1), left_pad(mask, wide, -1)], dim=0)
         self.next_pos = torch.cat([self.next_pos, next_pos], dim=0)
         self.logits = torch.cat([self.logits, logits], dim=0)
         self.rows = self.rows + new
 
-    def _select(self, keep: list[int]) -> None:
-        """Keep only these batch rows (cache, mask, positions, logits) and trim all-padding leading columns."""
+    def _select(self, keep: list[int]) -> list[int]:
+        """Keep only the batch rows ``keep`` (ascending: cache, mask, positions, logits), the rows that stay in place
+        where they can (``fill_from_end``: only moved rows are copied), and trim leading columns no row attends to
+        once they are worth a copy; returns the new batch order (indices into the old batch)."""
         if len(keep) == len(self.rows):
-            return
-        self.rows = [self.rows[i] for i in keep]
+            return keep
+        order = fill_from_end(keep, len(self.rows))
+        self.rows = [self.rows[i] for i in order]
         if not self.rows:
             self.cache = self.mask = self.next_pos = self.logits = None
-            return
+            return order
         assert self.mask is not None and self.next_pos is not None and self.logits is not None
-        kt = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        kt = torch.tensor(order, dtype=torch.long, device=self.mask.device)
         self.cache.reorder_cache(kt)
         self.mask, self.next_pos = self.mask.index_select(0, kt), self.next_pos.index_select(0, kt)
         self.logits = self.logits.index_select(0, kt)
         lead = int(self.mask.any(dim=0).long().argmax())  # first column some row attends to
-        if lead > 0:
+        if lead >= max(TRIM_MIN, self.mask.shape[1] // 8):  # a trim copies every row: only when it frees enough
             self.mask = self.mask[:, lead:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[..., lead:, :], layer.values[..., lead:, :]
+            trim_front(self.cache, lead, max(s.cap - len(s.tokens) for s in self.rows) + 1)
+        return order
 
     def _completion(self, s: _Slot) -> Completion:
         b = self.backend
