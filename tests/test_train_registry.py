@@ -48,7 +48,7 @@ def test_registries_are_covered():
 def test_text_task_x_allocator_one_step_on_the_tiny_policy(tmp_path, task, allocator):
     out = _one_step(tmp_path, task, allocator,
                     policy_options={"d_model": 16, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}})
-    assert out["env"] == ("TreeTaskEnv" if "node_prefix=true" in allocator else "TaskEnv")
+    assert out["env"] == ("TreeTaskEnv" if "node_prefix=true" in allocator else "StreamingTaskEnv")  # both backends stream
 
 
 @pytest.mark.parametrize("task", CHAT_TASKS)
@@ -92,4 +92,4 @@ def test_chat_task_x_allocator_one_step_on_smollm2(smollm2, tmp_path, allocator)
     # sara_tree:node_prefix=true gets the tree env with the backend's chat template (whether SmolLM2's rewards lead
     # the allocator to deepen a branch in one step is up to the model; tests/test_tree_task_env.py checks deepening
     # on a chat task with a scripted backend)
-    assert out["env"] == ("TreeTaskEnv" if "node_prefix=true" in allocator else "TaskEnv")
+    assert out["env"] == ("TreeTaskEnv" if "node_prefix=true" in allocator else "StreamingTaskEnv")  # both backends stream
