@@ -133,6 +133,21 @@ def test_abort_returns_tokens_and_drops(backend):
     assert backend.abort([2]) == 0  # already returned
 
 
+def test_abort_mid_batch_moves_rows_in_place(backend):
+    """Aborting the first of three running rows moves the last row into its slot in the cache's buffers (written in
+    place, as outside ``poll``: abort runs outside inference mode); the others still equal ``generate``'s."""
+    items = [(i, GenerationRequest(prompt=PROMPTS[i], seeds=(i,), max_new_tokens=9)) for i in range(3)]
+    backend.submit(items, SAMPLING)
+    eng = backend._stream
+    eng._step()  # admit all three and decode one step, none finished
+    assert len(eng.rows) == 3 and not eng.done
+    assert backend.abort([0]) == 1
+    assert [s.request for s in eng.rows] == [2, 1]  # the last row filled the freed slot
+    got, _ = _drain(backend)
+    for tag in (1, 2):
+        assert got[tag].token_ids == _alone(backend, items[tag][1]).token_ids, tag
+
+
 def test_stop_strings_and_zero_cap(backend):
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
     req = GenerationRequest(prompt=PROMPTS[1], seeds=(0,))

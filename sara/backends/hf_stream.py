@@ -219,6 +219,7 @@ class HFStreamEngine:
         self.logits = torch.cat([self.logits, logits], dim=0)
         self.rows = self.rows + new
 
+    @torch.inference_mode()  # abort calls it too: the cache's buffers are written in place
     def _select(self, keep: list[int]) -> list[int]:
         """Keep only the batch rows ``keep`` (ascending: cache, mask, positions, logits), the rows that stay in place
         where they can (``fill_from_end``: only moved rows are copied), and trim leading columns no row attends to
