@@ -198,10 +198,6 @@ class SARAAllocator(SARABase):
         does not allow (the pool's prompts decide the groups: ``sara.build.build_allocation`` passes them)."""
         self._given_population = population  # read by make_prior / population_prior during super().__init__
         super().__init__(config, prior=prior, history=history, **overrides)
-        if population is None and prior is None and self.config.group_by_given:
-            raise ConfigError(f"sara: field 'group_by': {self.config.group_by!r} splits the pool by its prompts, and "
-                              "none were given; build it with sara.build.build_allocation(..., prompts=env.prompts), "
-                              "or drop group_by for one population")
         self._rule = RuleCache()
 
     @classmethod
@@ -265,10 +261,11 @@ class SARAAllocator(SARABase):
         return HistoryPrior(c.decay, base, max_evidence=c.max_evidence) if kind == "history" else base
 
     def population_prior(self) -> GridPrior:
-        """The population the rule fits: the one given at construction, else one population."""
+        """The population the rule fits: the one given at construction, else ``population_for`` without the pool
+        (one population; a ``group_by`` you gave is an error there)."""
         if self._given_population is not None:
             return self._given_population
-        return GridPrior(self.config.alpha0, self.config.beta0, fit=self.prior_kind != "constant")
+        return self.population_for(self.config, None)
 
     def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
         """``[rows]`` advantage weights of a batch of groups (their pool indices and sizes, rows in group order) when

@@ -174,8 +174,8 @@ def join_rows(cache: Any, other: Any, width: int, spare: int, rows: int = 0) -> 
     When a running layer's buffer already has room for the newcomers (rows beyond its view, left there by
     ``reorder_cache``'s in-place path or by an earlier join, and ``spare`` free positions at ``width``), only the
     newcomers are written; otherwise both are copied into a fresh buffer with room for ``rows`` rows in all and for
-    ``2 * spare`` positions, so the joins of the next ``spare`` steps can be written in place. Either way the decode steps after a join write in place (a join by
-    ``torch.cat`` leaves no room, so the next step would copy everything again).
+    ``2 * spare`` positions, so the joins of the next ``spare`` steps can be written in place. Either way the decode
+    steps after a join write in place (a join by ``torch.cat`` leaves no room: the next step would copy it all again).
 
     Args:
         cache: The running cache (``layers``: dynamic or spare layers, ``[B, H, L, D]``); its layers are replaced.
@@ -185,9 +185,9 @@ def join_rows(cache: Any, other: Any, width: int, spare: int, rows: int = 0) -> 
         rows: Rows to make room for in a fresh buffer (the engine's capacity; at least ``B + B2``).
     """
     for i, (old, new) in enumerate(zip(cache.layers, other.layers)):
-        fits = (isinstance(old, SpareLayer) and old._bk is not None and old._bv is not None and old._nk == width
-                and _room_of(old._bk)[1] >= width + spare)
-        if fits and _room_of(old._bk)[0] >= old._bk.shape[0] + new.keys.shape[0]:
+        room_rows, room_positions = _room_of(old._bk) if isinstance(old, SpareLayer) and old._bk is not None else (0, 0)
+        if (isinstance(old, SpareLayer) and old._bk is not None and old._bv is not None and old._nk == width
+                and room_rows >= old._bk.shape[0] + new.keys.shape[0] and room_positions >= width + spare):
             old._bk = _write_rows(old._bk, new.keys, width)
             old._bv = _write_rows(old._bv, new.values, width)
             continue
