@@ -42,6 +42,7 @@ from pydantic import Field
 
 from sara.commands.counts import MAX_BATCH, MAX_GROUP, MAX_SEEDS, MAX_TOKENS
 from sara.config import MAX_SEED, SaraModel
+from sara.train.flops import matmul_gflops
 
 __all__ = ["LearnerBenchConfig", "format_table", "matmul_gflops", "options_from_train_config", "run_learner_bench"]
 
@@ -95,35 +96,6 @@ def options_from_train_config(config: Any) -> dict[str, Any]:
             "compute_dtype": str(opts.get("compute_dtype", "auto")),
             "microbatch_tokens": config.optim.microbatch_tokens, "algo": config.algo, "lr": config.optim.lr,
             "seed": config.seed}
-
-
-def matmul_gflops(size: int, dtype: Any, *, reps: int = 5, max_seconds: float = 2.0) -> float:
-    """Best GFLOP/s of square matmuls in ``dtype`` over ``reps`` timed calls, at most ``size x size``.
-
-    A 256 x 256 probe first estimates the rate; the side is then the largest power-of-two multiple of 256 (up to
-    ``size``) whose ``reps + 1`` calls fit in ``max_seconds``, so a dtype the CPU only emulates (bfloat16 without
-    AVX512-BF16 or AMX multiplies many times slower) is measured on smaller matrices instead of waited for.
-    """
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-
-    def best_of(n: int, calls: int) -> float:
-        a = torch.randn(n, n, generator=gen).to(dtype)
-        b = torch.randn(n, n, generator=gen).to(dtype)
-        a @ b  # warm-up
-        best = float("inf")
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
-        return max(best, 1e-9)
-
-    n = min(256, size)
-    rate = 2.0 * n**3 / best_of(n, 1)  # FLOP/s
-    while n * 2 <= size and (reps + 1) * 2.0 * (n * 2) ** 3 / rate <= max_seconds:
-        n *= 2
-    return 2.0 * n**3 / best_of(n, reps) / 1e9
 
 
 def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
@@ -262,31 +234,20 @@ def _naive_update(policy: Any, algo: Any, optimizer: Any, b: Any) -> None:
 def _flops(module: Any, learner: Any, b: Any) -> dict[str, float]:
     """Matmul FLOPs of one update: ``naive`` (two full forwards, one backward), ``shipped`` (the learner's plan) and
     ``needed`` (the plan without padding)."""
-    cfg = module.config
-    head = module.get_output_embeddings().weight
-    skip = {id(module.get_input_embeddings().weight), id(head)}
-    body = sum(p.numel() for p in module.parameters() if p.dim() >= 2 and id(p) not in skip)
-    per_pos, per_head = 2.0 * body, 2.0 * head.numel()
-    width = 2.0 * 2.0 * cfg.num_hidden_layers * cfg.num_attention_heads * getattr(
-        cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)  # QK^T and AV, per (query, key) pair
+    from sara.train.flops import ModelFlops
+
+    m = ModelFlops.of(module)
     lens = b.tokens.attention_mask.sum(1).tolist()
     n, t = b.tokens.input_ids.shape
-    pairs = n * t * (t + 1) / 2  # causal (query, key) pairs of the padded batch
-    naive_fwd = n * t * (per_pos + per_head) + pairs * width
+    naive_fwd = n * (m.span(0, t) + t * m.head)  # every padded position, the LM head at each
     scored = b.response_mask.sum(1).tolist()
     given = learner.shared_length(b)  # forwarded once per update, its keys / values given to every micro-batch
-
-    def prefix(lo: int, hi: int) -> float:  # positions lo..hi-1 of a prefix, each attending to those before it
-        return (hi - lo) * per_pos + (hi * (hi + 1) - lo * (lo + 1)) / 2 * width
-
-    shipped = needed = 3 * prefix(0, given)
+    shipped = needed = 3 * m.span(0, given)
     for micro in learner._plan(b, given=given):
         p, w, rows = micro.prefix, micro.width, micro.rows.tolist()
-        pre = prefix(given, p)
-        shipped += 3 * (pre + len(rows) * (w - p) * per_pos + len(rows) * sum(range(p + 1, w + 1)) * width
-                        + sum(scored[i] for i in rows) * per_head)
-        needed += 3 * (pre + sum((lens[i] - p) * per_pos + sum(range(p + 1, lens[i] + 1)) * width + scored[i] * per_head
-                                 for i in rows))
+        pre = m.span(given, p)
+        shipped += 3 * (pre + len(rows) * m.span(p, w) + sum(scored[i] for i in rows) * m.head)
+        needed += 3 * (pre + sum(m.span(p, lens[i]) + scored[i] * m.head for i in rows))
     if learner.algo.needs_critic or learner.algo.kl_in_reward or not learner.single_pass(n):
         shipped += shipped / 3  # the rollout-time pass: one more forward without gradient
     return {"naive": 4 * naive_fwd, "shipped": shipped, "needed": needed}  # naive: 2 forwards + a 2x backward

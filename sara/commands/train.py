@@ -102,11 +102,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         lock.release()
     seconds = time.perf_counter() - started
-    print(format_summary(summary, k=cfg.k, sampler=cfg.sampler, command_seconds=seconds))
+    rates = floor_rates(summary, cfg, {role: choice.name for role, choice in dtypes.items()})
+    print(format_summary(summary, k=cfg.k, sampler=cfg.sampler, command_seconds=seconds, rates=rates))
     if args.json_out:
         from sara.commands.output import write_report
 
-        write_report(summary_report(summary, cfg, seconds), args.json_out,
+        write_report(summary_report(summary, cfg, seconds, rates), args.json_out,
                      kept=f"the run is complete in {cfg.output_dir}" + (f" (checkpoint {summary.checkpoint})"
                                                                          if summary.checkpoint else ""))
     if summary.interrupted:
@@ -128,12 +129,24 @@ def run_label(algo: str, allocator: str, sampler: str = "uniform") -> str:
     return f"{algo} + {allocator}" + ("" if sampler.strip() == "uniform" else f"@{sampler}")
 
 
-def summary_report(s: Any, cfg: Any, command_seconds: float) -> dict[str, Any]:
-    """``sara train --json``: the ``RunSummary`` fields, ``rollouts_per_effective_group``, ``command_seconds`` and
-    the resolved config (non-finite numbers as null; the DS estimates null under a non-uniform sampler)."""
+def floor_rates(s: Any, cfg: Any, dtypes: dict[str, str]) -> dict[str, float] | None:
+    """This CPU's matmul rate per part of ``s.flop_floor`` (``sara.train.flops.part_rates``, a few seconds); None when
+    the floor is unknown or the policy computes on another device."""
+    from sara.train.flops import part_rates
+
+    device = str(cfg.component("policy")[1].get("device", "cpu"))
+    return part_rates(dtypes) if s.flop_floor and device.startswith("cpu") else None
+
+
+def summary_report(s: Any, cfg: Any, command_seconds: float, rates: dict[str, float] | None = None) -> dict[str, Any]:
+    """``sara train --json``: the ``RunSummary`` fields, ``rollouts_per_effective_group``, ``command_seconds``, the
+    FLOP floor's seconds at this CPU's matmul rates (``flop_floor_seconds``, ``matmul_gflops`` by part: ``rates``;
+    null without) and the resolved config (non-finite numbers as null; the DS estimates null under a non-uniform
+    sampler)."""
     import dataclasses
 
     from sara.metrics import ds_estimate_applies
+    from sara.train.flops import floor_seconds
 
     def finite(v: Any) -> Any:
         if isinstance(v, float) and not math.isfinite(v):
@@ -147,6 +160,7 @@ def summary_report(s: Any, cfg: Any, command_seconds: float) -> dict[str, Any]:
     report = dataclasses.asdict(s)
     if not ds_estimate_applies(cfg.sampler):  # the estimate undercounts DS under a selective sampler
         report.update(ds_rollouts_estimate=None, ds_tokens_estimate=None)
+    report.update(flop_floor_seconds=floor_seconds(s.flop_floor, rates) if rates else None, matmul_gflops=rates)
     report.update(sampler=cfg.sampler, effective_fraction=s.effective_fraction, command_seconds=command_seconds,
                   rollouts_per_effective_group=s.rollouts / s.effective_groups if s.effective_groups else None,
                   config=cfg.model_dump(mode="json"))
@@ -160,11 +174,14 @@ def _fates(s: Any) -> str:
     return text + (f"; {f['aborted']:,} more in aborted rollouts" if f["aborted"] else "")
 
 
-def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds: float | None = None) -> str:
+def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds: float | None = None,
+                   rates: dict[str, float] | None = None) -> str:
     """A markdown table of a ``RunSummary`` (``sampler``: the run's, named in the header, and the 'DS would have
     spent' rows only when it is uniform, ``sara.metrics.ds_estimate_applies``; ``command_seconds``: the whole
-    command's wall time, shown beside the training's)."""
+    command's wall time, shown beside the training's; ``rates``: this CPU's matmul GFLOP/s per part of the FLOP
+    floor, which is then shown in seconds beside the run's)."""
     from sara.metrics import ds_estimate_applies
+    from sara.train.flops import floor_seconds
 
     saved = s.ds_rollouts_estimate - s.rollouts
     rows = [
@@ -201,6 +218,14 @@ def format_summary(s: Any, *, k: int, sampler: str = "uniform", command_seconds:
                          f"{ds_tok - s.tokens:,.0f} ({_pct((ds_tok - s.tokens) / ds_tok)})"))
     if s.seconds_by_phase:
         rows.append(("training seconds by phase", ", ".join(f"{p} {v:.1f}" for p, v in s.seconds_by_phase.items())))
+    if s.flop_floor:
+        parts = " / ".join(f"{part} {f / 1e12:,.1f}" for part, f in s.flop_floor.items())
+        floor = f"{sum(s.flop_floor.values()) / 1e12:,.1f} TFLOP ({parts})"
+        if rates:
+            at = floor_seconds(s.flop_floor, rates)
+            floor += (f" = {at:.0f} s at this CPU's matmul rate (" + ", ".join(f"{p} {r:.0f}" for p, r in rates.items())
+                      + f" GFLOP/s); the run took {s.wall_seconds / at:.1f}x that")
+        rows.append(("FLOP floor of the run's work (sara.train.flops)", floor))
     wall = f"{s.wall_seconds:.0f} s"
     if command_seconds is not None:
         wall = f"{command_seconds:.0f} s, the whole command ({wall} in training steps and evaluations)"

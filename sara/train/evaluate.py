@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -13,16 +14,18 @@ from sara.timing import PhaseTimer
 if TYPE_CHECKING:
     from sara.envs.base import RolloutEnv
     from sara.train.config import EvalConfig
+    from sara.train.flops import FlopFloor
     from sara.train.progress import StepProgress
 
 __all__ = ["held_out_accuracy"]
 
 
 def held_out_accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv | None, greedy_env: RolloutEnv | None = None,
-                      progress: StepProgress | None = None) -> dict[str, float]:
+                      progress: StepProgress | None = None, floor: FlopFloor | None = None) -> dict[str, float]:
     """``eval/acc_sample`` (training temperature, ``ec.samples`` per prompt), the same per ``ec.by`` label
     (``eval/acc_sample/<label>``), the fractions of held-out prompts solved / unsolved / mixed, ``eval/acc_greedy``
-    (when ``ec.greedy``), ``time/eval`` and the evaluation's peak resident size (``sys/peak_rss_mb/eval``).
+    (when ``ec.greedy``), ``time/eval``, the evaluation's peak resident size (``sys/peak_rss_mb/eval``) and, given a
+    ``floor`` that knows the policy, the FLOP floor of its generation calls (``eval/flop_floor``).
 
     Args:
         ec: The run's evaluation settings (``TrainConfig.eval``).
@@ -30,12 +33,13 @@ def held_out_accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv | None, gr
         eval_env: Environment over the held-out prompts at the training temperature (None: no held-out split, ``{}``).
         greedy_env: The same prompts decoded greedily (needed when ``ec.greedy``).
         progress: A ``sara.train.progress.StepProgress`` told when each evaluation starts and how long it took.
+        floor: The run's ``sara.train.flops.FlopFloor``.
     """
     if eval_env is None:
         return {}
     timer = PhaseTimer(memory=True)
     with timer("eval"):
-        out = _accuracy(ec, seed, eval_env, greedy_env, progress)
+        out = _accuracy(ec, seed, eval_env, greedy_env, progress, floor)
     out.update(timer.metrics())
     if progress is not None:
         progress.eval_seconds = out["time/eval"]
@@ -43,7 +47,7 @@ def held_out_accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv | None, gr
 
 
 def _accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv, greedy_env: RolloutEnv | None,
-              progress: StepProgress | None) -> dict[str, float]:
+              progress: StepProgress | None, floor: FlopFloor | None) -> dict[str, float]:
     from sara.seeding import derive_seeds
     from sara.types import RolloutRequest
 
@@ -53,18 +57,25 @@ def _accuracy(ec: EvalConfig, seed: int, eval_env: RolloutEnv, greedy_env: Rollo
             for i, p in enumerate(prompts)]
     if progress is not None:
         progress.evaluating(len(prompts) * ec.samples)
-    per_prompt = np.array([[r.reward for r in rs] for rs in eval_env.rollout(reqs)]).mean(1)
+    sampled = eval_env.rollout(reqs)
+    per_prompt = np.array([[r.reward for r in rs] for rs in sampled]).mean(1)
     out = {"eval/acc_sample": float(per_prompt.mean()),
            "eval/frac_prompts_mixed": float(((per_prompt > 0) & (per_prompt < 1)).mean()),
            "eval/frac_prompts_solved": float((per_prompt == 1).mean()),
            "eval/frac_prompts_unsolved": float((per_prompt == 0).mean())}
     out.update(_by_label(prompts, per_prompt, ec.by))
+    calls = [sampled]  # each a generation call: its prompts prefilled once
     if ec.greedy:
         reqs = [RolloutRequest(unit_id=i, pool_index=i, prompt=p, seeds=(0,)) for i, p in enumerate(prompts)]
         if progress is not None:
             progress.evaluating(len(prompts), "greedy held-out", quote_last=False)
         greedy = cast("RolloutEnv", greedy_env)  # given with ec.greedy (see Args)
-        out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in greedy.rollout(reqs)]))
+        greedy_rollouts = greedy.rollout(reqs)
+        out["eval/acc_greedy"] = float(np.mean([rs[0].reward for rs in greedy_rollouts]))
+        calls.append(greedy_rollouts)
+    flops = sum(floor.generation(r for rs in call for r in rs) for call in calls) if floor is not None else math.nan
+    if math.isfinite(flops):
+        out["eval/flop_floor"] = flops
     return out
 
 

@@ -57,7 +57,8 @@ QUIET = ("progress", "tensorboard", "threads", "out_dir")
 """Fields whose change is not even noted."""
 TOTALS = ("rollouts", "tokens", "abandoned_tokens", "committed_groups", "effective_groups", "verifier_errors",
           "verifier_timeouts", "committed_tokens", "discarded_tokens", "aborted_tokens", "prompt_tokens",
-          "trained_tokens", "seconds_collect", "seconds_advantages", "seconds_update", "seconds_sync", "peak_rss_mb")
+          "trained_tokens", "seconds_collect", "seconds_advantages", "seconds_update", "seconds_sync", "peak_rss_mb",
+          "flops_collect", "flops_update", "flops_eval")
 _STEP = re.compile(r"^ckpt-(\d+)\.pt$")
 _T = TypeVar("_T")
 

@@ -10,15 +10,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from sara.memory import peak_rss_mb
 from sara.metrics import BAND_PREFIX, OutcomeCounts
 from sara.train.dtypes import run_machine
+from sara.train.flops import FLOP_PARTS, FlopFloor
 
 if TYPE_CHECKING:
     from sara.train.config import TrainConfig
+    from sara.types import CollectResult
 
 __all__ = ["FATES", "PHASES", "STAT_TOTALS", "RunSummary", "SummarizedRun", "cumulative_spend", "note_peak", "summarize",
-           "run_files"]
+           "run_files", "step_accounting"]
 
 FATES = ("committed", "abandoned", "discarded", "aborted")
 """Where a generated token ends up: in a committed group (trained), an abandoned unit, a discarded unit (saturated
@@ -41,11 +45,39 @@ def note_peak(totals: MutableMapping[str, float], metrics: Mapping[str, float]) 
 def cumulative_spend(totals: Mapping[str, float]) -> dict[str, float]:
     """The run's spending so far as ``metrics.jsonl`` fields: generated tokens (``env/cum_tokens``) and by fate
     (``env/cum_<fate>_tokens``), prompt tokens (``env/cum_prompt_tokens``), trained completion tokens
-    (``train/cum_trained_tokens``) and training seconds by phase (``time/cum_<phase>``)."""
+    (``train/cum_trained_tokens``), training seconds by phase (``time/cum_<phase>``) and, where known, the FLOP
+    floor by part (``perf/cum_flop_floor_<part>``, ``sara.train.flops``)."""
     return {"env/cum_tokens": totals["tokens"],
             **{f"env/cum_{fate}_tokens": totals[f"{fate}_tokens"] for fate in FATES},
             "env/cum_prompt_tokens": totals["prompt_tokens"], "train/cum_trained_tokens": totals["trained_tokens"],
-            **{f"time/cum_{phase}": totals[f"seconds_{phase}"] for phase in PHASES}}
+            **{f"time/cum_{phase}": totals[f"seconds_{phase}"] for phase in PHASES}, **flop_floor(totals)}
+
+
+def flop_floor(totals: Mapping[str, float]) -> dict[str, float]:
+    """``perf/cum_flop_floor_<part>`` of ``totals``' finite ``flops_<part>`` entries (none for a policy whose floor is
+    unknown)."""
+    found = {part: totals.get(f"flops_{part}", math.nan) for part in FLOP_PARTS}
+    return {f"perf/cum_flop_floor_{part}": v for part, v in found.items() if math.isfinite(v)}
+
+
+def step_accounting(result: CollectResult, totals: MutableMapping[str, float], outcomes: OutcomeCounts,
+                    floor: FlopFloor) -> dict[str, float]:
+    """A collection step's ``alloc/...`` accounting and ``env/...`` rewards; adds its counts to the run's ``totals``
+    (``STAT_TOTALS``, the generation's FLOP floor) and its closed units to ``outcomes``."""
+    st = result.stats
+    out: dict[str, float] = st.as_metrics("alloc/")
+    out["alloc/effective_fraction"] = st.effective_groups / st.committed_groups if st.committed_groups else 0.0
+    all_groups = [*result.groups, *result.abandoned, *result.discarded]
+    rewards = np.concatenate([g.rewards for g in all_groups]) if all_groups else np.zeros(0)
+    committed = np.concatenate([g.rewards for g in result.groups]) if result.groups else np.zeros(0)
+    out["env/reward_mean"] = float(rewards.mean()) if len(rewards) else 0.0
+    out["env/reward_committed"] = float(committed.mean()) if len(committed) else 0.0
+    out["env/group_size_mean"] = float(np.mean([g.size for g in result.groups])) if result.groups else 0.0
+    outcomes.record(all_groups)
+    for key in STAT_TOTALS:
+        totals[key] += st.__dict__[key]
+    floor.add(totals, "collect", floor.generation(r for g in all_groups for r in g.rollouts))
+    return out
 
 
 @dataclass
@@ -100,6 +132,9 @@ class RunSummary:
     acc_by_band: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Held-out accuracy per ``eval.by`` label (a mixture's components, or prompt-length bands), before and after:
     ``{label: (before, after)}``; empty when the evaluation reports no labels."""
+    flop_floor: dict[str, float] = field(default_factory=dict)
+    """The FLOPs the run's work could not avoid, by part (``collect``, ``update``, ``eval``: ``sara.train.flops``);
+    empty for a policy whose floor is unknown."""
     machine: dict[str, Any] = field(default_factory=dict)
     """Where the run computed: ``sara.machine.machine_info`` (CPU model, dtype-relevant flags, cores, threads,
     torch, ...), its ``kind`` label and the resolved ``dtypes`` (``sara.train.dtypes.run_machine``)."""
@@ -160,6 +195,7 @@ def summarize(trainer: SummarizedRun, records: Sequence[Mapping[str, Any]] | Non
         peak_rss_mb=t["peak_rss_mb"] or peak_rss_mb(),
         acc_by_band={key.removeprefix(BAND_PREFIX): (float(first[key]), float(last[key])) for key in first
                      if key.startswith(BAND_PREFIX) and key in last},
+        flop_floor={key.removeprefix("perf/cum_flop_floor_"): v for key, v in flop_floor(t).items()},
         machine=run_machine(cfg))
 
 

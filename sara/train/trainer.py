@@ -25,21 +25,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
-
 from sara.backends import PrefixCached
 from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
 from sara.train.bank import SurplusBank, batch_reward_variance
 from sara.train.config import TrainConfig, default_threads, planned_optimizer_steps
+from sara.train.flops import FlopFloor
 from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner
 from sara.train.progress import StepProgress
 from sara.train.resume import check_resume
 from sara.train.reweight import Advantages, weigh_advantages
 from sara.train.rundir import RUN_MARKER, RunLock, releases_run_lock, run_writes, take_run_lock
-from sara.train.summary import PHASES, STAT_TOTALS, RunSummary, cumulative_spend, note_peak, run_files
+from sara.train.summary import PHASES, RunSummary, cumulative_spend, note_peak, run_files, step_accounting
 from sara.train.summary import summarize as summarize_run
 
 __all__ = ["Trainer", "RunSummary", "default_threads"]
@@ -102,6 +101,7 @@ class Trainer:
         epochs = cfg.optim.epochs or self.algo.epochs
         self.learner = Learner(self.policy, self.algo, cfg.optim, seed=cfg.seed, horizon=planned_optimizer_steps(
             cfg.steps, cfg.groups_per_step, cfg.k, epochs, cfg.optim.minibatch_rollouts))
+        self.floor = FlopFloor.of_policy(self.policy)  # the FLOPs the run's work cannot avoid (sara.train.flops)
         self.backend = backend_factory(self.policy, backend_options, task=self.task, seed=cfg.seed)
         sampling = SamplingConfig(temperature=cfg.temperature,
                                   max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
@@ -188,11 +188,13 @@ class Trainer:
                     self.backend.update_weights(self.policy.state_dict(), self.version)
             self.step += 1
             trained = float(batch.response_mask.sum()) if batch is not None else 0.0
-            metrics = {**self._collect_metrics(result), **health, **self.sampler.metrics(), **algo_metrics,
+            metrics = {**step_accounting(result, self.totals, self.outcomes, self.floor), **health,
+                       **self.sampler.metrics(), **algo_metrics,
                        **extra.get("metrics", {}),
                        "train/batch_groups": float(len(groups)), "train/banked_groups": float(len(self.bank)),
                        "train/group_reward_var": batch_reward_variance(groups), "train/trained_tokens": trained}
             self.totals["trained_tokens"] += trained
+            self.floor.add(self.totals, "update", self.floor.update((g.rollouts for g in groups), learner.epochs))
             self.totals["verifier_errors"] += health["env/verifier_errors"]
             self.totals["verifier_timeouts"] += health["env/verifier_timeouts"]
         metrics.update(timer.metrics())
@@ -279,22 +281,6 @@ class Trainer:
         return max(1, min(caps)) if caps else None
 
     # ------------------------------------------------------------------------------------------------ metrics
-    def _collect_metrics(self, result: Any) -> dict[str, float]:
-        """``alloc/...`` accounting of the step, ``env/...`` rewards; feeds the run's totals and outcome counts."""
-        st = result.stats
-        out: dict[str, float] = st.as_metrics("alloc/")
-        out["alloc/effective_fraction"] = st.effective_groups / st.committed_groups if st.committed_groups else 0.0
-        all_groups = [*result.groups, *result.abandoned, *result.discarded]
-        rewards = np.concatenate([g.rewards for g in all_groups]) if all_groups else np.zeros(0)
-        committed = np.concatenate([g.rewards for g in result.groups]) if result.groups else np.zeros(0)
-        out["env/reward_mean"] = float(rewards.mean()) if len(rewards) else 0.0
-        out["env/reward_committed"] = float(committed.mean()) if len(committed) else 0.0
-        out["env/group_size_mean"] = float(np.mean([g.size for g in result.groups])) if result.groups else 0.0
-        self.outcomes.record(all_groups)
-        for key in STAT_TOTALS:
-            self.totals[key] += st.__dict__[key]
-        return out
-
     def _cumulative(self) -> dict[str, float]:
         t = self.totals
         return {"env/cum_rollouts": t["rollouts"], **cumulative_spend(t), "env/cum_effective_groups": t["effective_groups"], "env/cum_committed_groups": t["committed_groups"],
@@ -307,7 +293,9 @@ class Trainer:
         (``sara.train.evaluate``)."""
         from sara.train.evaluate import held_out_accuracy
 
-        out = held_out_accuracy(self.config.eval, self.config.seed, self.eval_env, self.greedy_env, self.progress)
+        out = held_out_accuracy(self.config.eval, self.config.seed, self.eval_env, self.greedy_env, self.progress,
+                                self.floor)
+        self.floor.add(self.totals, "eval", out.get("eval/flop_floor", float("nan")))
         note_peak(self.totals, out)  # the run's peak counts its evaluations (step 0's too)
         if out:
             self.evals.append({"step": float(self.step), **out})
