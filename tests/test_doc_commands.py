@@ -56,6 +56,8 @@ SLOW: list[tuple[str, str, str]] = [
                                                             "test_bench_cli.py runs the bench)"),
     ("results.md", "--backend vllm", "needs vLLM and SmolLM2"),
     ("results.md", "sara bench stream --backend hf:device=cuda", "needs a CUDA GPU"),
+    ("results.md", "--backend hf:$o", "SmolLM2 at reasoning length on CPU, both ways: minutes (tests/"
+                                      "test_backend_hf_packed.py checks the packed engine on a stand-in model)"),
     ("results.md", "sara bench ray", "starts a Ray cluster"),
     ("results.md", "examples/trl_async_grpo.py", "TRL training of SmolLM2: minutes"),
     ("results.md", "sara bench learner", "SmolLM2 updates, naive and shipped: minutes"),

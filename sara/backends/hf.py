@@ -76,6 +76,10 @@ class HFBackendConfig(SaraModel):
     """Prompts prefilled together that start with at least this many common tokens (a task's few-shot examples or
     system prompt, the chat template's header) prefill that prefix once (``sara.backends.hf_shared``, kept across calls
     under one weights version; vLLM's prefix caching does the same); 0 = off."""
+    packed_linear: bool = True
+    """On a CPU in bfloat16, the generating copy's linear layers multiply with weights packed for oneDNN once per
+    weights version instead of on every call (``sara.backends.hf_packed``: same numbers, fewer copies); only for a
+    copy the backend owns (loaded by name, or copied from the policy), never a module it was handed."""
     cache_dir: str | None = None
     """Cache root for named models (default ``$SARA_CACHE_DIR`` or ``~/.cache/sara``)."""
 
@@ -98,8 +102,12 @@ class HFBackend:
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, **options: Any) -> None:
+        from sara.backends.hf_packed import pack_linears
+
         self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFBackendConfig,
                                                                    what="backend 'hf'")
+        if not isinstance(model, torch.nn.Module) and self.config.packed_linear:  # loaded here: its own copy
+            pack_linears(self.model, self.config.max_batch_size)
         model, tokenizer = self.model, self.tokenizer
         self.compute = weights_choice(model, None, "the policy's own module (share_policy)") if self.config.share_policy \
             else weights_choice(model, self.config.dtype_choice(), "the given module's weights")
@@ -380,7 +388,11 @@ def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None
         return HFBackend(module, policy.tokenizer, **opts)
     import copy
 
+    from sara.backends.hf_packed import pack_linears
+
     gen = copy.deepcopy(module).to(dtype=_DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
     for p in gen.parameters():
         p.requires_grad_(False)
+    if cfg.packed_linear:  # the copy is the backend's own
+        pack_linears(gen, cfg.max_batch_size)
     return HFBackend(gen, policy.tokenizer, **opts)
