@@ -76,7 +76,7 @@ class Batch:
         return cast("torch.Tensor", self.prompt_lens if self.prompt_lens is not None else self.resp_index[:, 0])
 
 
-def make_batch(groups: Sequence[Any], device: torch.device | str = "cpu", version: int | None = None) -> Batch | None:
+def make_batch(groups: Sequence[Group], device: torch.device | str = "cpu", version: int | None = None) -> Batch | None:
     """Pad prompt + response tokens of the rollouts of ``groups`` (grouped by id, any group size); None if empty.
 
     With ``version`` (the weights the learner holds), a rollout generated under an older ``Rollout.policy_version``
@@ -92,17 +92,18 @@ def make_batch(groups: Sequence[Any], device: torch.device | str = "cpu", versio
     rows = [(g.group_id, r) for g in groups for r in g.rollouts]
     if not rows:
         return None
+    pairs: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # each row's (prompt, completion) token ids
     for _, r in rows:
         if r.token_ids is None or r.prompt_token_ids is None:
             raise RuntimeError("the backend must return prompt and completion token ids to train on them")
-    lens_p = [len(r.prompt_token_ids) for _, r in rows]
-    lens_r = [len(r.token_ids) for _, r in rows]
+        pairs.append((r.prompt_token_ids, r.token_ids))
+    lens_p, lens_r = [len(p) for p, _ in pairs], [len(c) for _, c in pairs]
     n, t, big_r = len(rows), max(p + q for p, q in zip(lens_p, lens_r)), max(max(lens_r), 1)
     ids = torch.zeros(n, t, dtype=torch.long)
     attn = torch.zeros(n, t, dtype=torch.long)
     gen_lp = torch.zeros(n, big_r)
-    for i, (_, r) in enumerate(rows):
-        seq = list(r.prompt_token_ids) + list(r.token_ids)
+    for i, ((_, r), (prompt, completion)) in enumerate(zip(rows, pairs)):
+        seq = list(prompt) + list(completion)
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attn[i, : len(seq)] = 1
         if r.logprobs:
@@ -190,7 +191,7 @@ class Learner:
         """``make_batch`` on the policy's device (``version``: mark rollouts of older weights stale)."""
         return make_batch(groups, self.device, version)
 
-    def advantages(self, b: Batch) -> tuple[Any, Any, dict[str, Any]]:
+    def advantages(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any]]:
         """Rollout-time log-probs (policy, reference) and values without gradient when needed, then the estimator.
 
         The policy's rollout-time pass runs only when the estimator needs its log-probs or values, or the batch gets
