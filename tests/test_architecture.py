@@ -257,3 +257,25 @@ def test_the_driver_checks_catch_a_second_loop_and_a_shim():
     loop = ast.parse("def run(a, env):\n    ids = a.dispatch(8)\n    a.finished(ids, env.go(ids))\n")
     assert _calls(loop, "dispatch") and _calls(loop, "finished")
     assert _module_getattr(ast.parse("def __getattr__(name):\n    return 1\n"))
+
+
+def private_imports(source: str) -> list[str]:
+    """Private names (``_name``, not dunders) a module imports from another sara module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sara"):
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    """A module's private names stay its own: what another module needs is public (named, documented)."""
+    crossing = {module_name(p): private_imports(p.read_text()) for p in sorted(ROOT.rglob("*.py"))}
+    assert not {m: names for m, names in crossing.items() if names}
+
+
+def test_the_private_import_check_sees_one():
+    assert private_imports("from sara.backends.ray.base import RayPool, _last_line\n") == [
+        "sara.backends.ray.base._last_line"]
+    assert private_imports("from sara.backends.text import render_chat as _render_chat\n") == []

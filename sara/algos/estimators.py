@@ -14,13 +14,13 @@ import torch
 from torch import Tensor
 
 from sara.algos.tensors import (
-    _check_flat,
-    _check_tokens,
-    _group_stats,
-    _out_dtype,
     broadcast_to_tokens,
+    check_flat,
+    check_tokens,
     group_index,
+    group_stats,
     masked_whiten,
+    out_dtype,
 )
 
 __all__ = [
@@ -47,8 +47,8 @@ def grpo_advantages(
     Returns:
         ``[N]`` advantages; exactly 0 for singletons and saturated groups (all rewards equal).
     """
-    _check_flat(rewards, group_ids)
-    r, mean, count, saturated = _group_stats(rewards, group_ids)
+    check_flat(rewards, group_ids)
+    r, mean, count, saturated = group_stats(rewards, group_ids)
     centered = r - mean
     if normalize_std:
         inverse, counts = group_index(group_ids)
@@ -58,7 +58,7 @@ def grpo_advantages(
         std = (sq / (counts.to(torch.float64) - 1).clamp_min(1)).sqrt()[inverse]
         centered = centered / (std + eps)
     adv = torch.where(saturated, torch.zeros_like(centered), centered)
-    return adv.to(_out_dtype(rewards))
+    return adv.to(out_dtype(rewards))
 
 
 def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -70,11 +70,11 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     Returns:
         ``[N]``; exactly 0 for singletons (no other member to form a baseline) and saturated groups.
     """
-    _check_flat(rewards, group_ids)
-    r, mean, count, saturated = _group_stats(rewards, group_ids)
+    check_flat(rewards, group_ids)
+    r, mean, count, saturated = group_stats(rewards, group_ids)
     adv = count / (count - 1).clamp_min(1) * (r - mean)
     adv = torch.where(saturated, torch.zeros_like(adv), adv)
-    return adv.to(_out_dtype(rewards))
+    return adv.to(out_dtype(rewards))
 
 
 # ------------------------------------------------------------------------------------------------------- token-level
@@ -89,15 +89,15 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_ids: Tensor, respons
         masked positions. A singleton's centred score is 0 before whitening (verl keeps its raw reward). Saturated
         groups are 0 before whitening but generally NOT after it (whitening shifts by the batch mean).
     """
-    _check_flat(rewards, group_ids)
+    check_flat(rewards, group_ids)
     if response_mask.dim() != 2 or response_mask.shape[0] != rewards.shape[0]:
         raise ValueError(
             f"response_mask must be [N, T] with N={rewards.shape[0]}, got {tuple(response_mask.shape)}"
         )
-    r, mean, _, saturated = _group_stats(rewards, group_ids)
+    r, mean, _, saturated = group_stats(rewards, group_ids)
     centered = torch.where(saturated, torch.zeros_like(r), r - mean)
     scores = broadcast_to_tokens(centered, response_mask)
-    return masked_whiten(scores, response_mask).to(_out_dtype(rewards))
+    return masked_whiten(scores, response_mask).to(out_dtype(rewards))
 
 
 def reinforce_pp_returns(
@@ -114,8 +114,8 @@ def reinforce_pp_returns(
     Returns:
         ``(advantages [N, T], returns [N, T])``: the whitened and the raw returns-to-go, both 0 on masked positions.
     """
-    _check_tokens(token_rewards, response_mask, "token_rewards")
-    dtype = _out_dtype(token_rewards)
+    check_tokens(token_rewards, response_mask, "token_rewards")
+    dtype = out_dtype(token_rewards)
     mask = response_mask.to(torch.float64)
     rew = token_rewards.to(torch.float64) * mask
     returns = torch.zeros_like(rew)
@@ -144,9 +144,9 @@ def gae_advantages(
     Returns:
         ``(advantages [N, T] whitened, returns [N, T])``, both 0 on masked positions.
     """
-    _check_tokens(token_rewards, response_mask, "token_rewards")
-    _check_tokens(values, response_mask, "values")
-    dtype = _out_dtype(token_rewards)
+    check_tokens(token_rewards, response_mask, "token_rewards")
+    check_tokens(values, response_mask, "values")
+    dtype = out_dtype(token_rewards)
     mask = response_mask.to(torch.float64)
     rew = token_rewards.to(torch.float64)
     val = values.to(torch.float64)

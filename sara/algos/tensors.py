@@ -24,11 +24,13 @@ __all__ = [
 WHITEN_EPS = 1e-8
 
 
-def _out_dtype(x: Tensor) -> torch.dtype:
+def out_dtype(x: Tensor) -> torch.dtype:
+    """The dtype an estimator returns for input ``x``: its own when floating, else torch's default."""
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
-def _check_flat(rewards: Tensor, group_ids: Tensor) -> None:
+def check_flat(rewards: Tensor, group_ids: Tensor) -> None:
+    """Raise ``ValueError`` unless ``rewards`` is ``[N]`` and ``group_ids`` integer ``[N]``."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
     if group_ids.shape != rewards.shape:
@@ -39,7 +41,8 @@ def _check_flat(rewards: Tensor, group_ids: Tensor) -> None:
         raise ValueError(f"group_ids must be integers, got dtype {group_ids.dtype}")
 
 
-def _check_tokens(x: Tensor, response_mask: Tensor, what: str) -> None:
+def check_tokens(x: Tensor, response_mask: Tensor, what: str) -> None:
+    """Raise ``ValueError`` unless ``response_mask`` is ``[N, T]`` and ``x`` (named ``what``) has its shape."""
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask must be 2-D [N, T], got shape {tuple(response_mask.shape)}")
     if x.shape != response_mask.shape:
@@ -61,7 +64,7 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, Tensor]:
     return inverse, counts
 
 
-def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-rollout group statistics in float64.
 
     Returns:
@@ -171,7 +174,7 @@ def build_token_rewards(
         raise ValueError(
             f"expected rewards [N] and response_mask [N, T], got {tuple(rewards.shape)} and {tuple(response_mask.shape)}"
         )
-    dtype = _out_dtype(rewards)
+    dtype = out_dtype(rewards)
     mask = response_mask.to(dtype)
     out = torch.zeros(response_mask.shape, dtype=dtype, device=rewards.device)
     rows = torch.arange(rewards.shape[0], device=rewards.device)
@@ -179,6 +182,6 @@ def build_token_rewards(
     if response_mask.shape[1]:
         out[rows, last_token_index(response_mask)] = rewards.to(dtype) * has_token.to(dtype)
     if kl is not None and kl_coef != 0.0:
-        _check_tokens(kl, response_mask, "kl")
+        check_tokens(kl, response_mask, "kl")
         out = out - kl_coef * kl.to(dtype)
     return out * mask

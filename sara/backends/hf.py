@@ -47,9 +47,10 @@ from sara.envs.base import Completion, GenerationRequest, SamplingConfig
 from sara.hub import HoldsHFModel, generator_state, load_hf_model, resolve_hf_model
 from sara.machine import DtypeChoice, resolve_dtype, weights_choice
 
-__all__ = ["HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
+__all__ = ["DTYPES", "HFBackend", "HFBackendConfig", "make_hf_backend", "load_hf_model"]
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+"""The torch dtype of each ``HFBackendConfig.dtype`` name a copy can be made in."""
 
 
 class HFBackendConfig(SaraModel):
@@ -390,7 +391,7 @@ def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None
 
     from sara.backends.hf_packed import pack_linears
 
-    gen = copy.deepcopy(module).to(dtype=_DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
+    gen = copy.deepcopy(module).to(dtype=DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
     for p in gen.parameters():
         p.requires_grad_(False)
     if cfg.packed_linear:  # the copy is the backend's own

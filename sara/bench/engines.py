@@ -93,7 +93,7 @@ def _random_hf(options: dict[str, Any], seed: int) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from sara.backends.hf import _DTYPES, HFBackend, HFBackendConfig
+    from sara.backends.hf import DTYPES, HFBackend, HFBackendConfig
     from sara.config import validate_config
     from sara.hub import resolve_model
 
@@ -101,7 +101,7 @@ def _random_hf(options: dict[str, Any], seed: int) -> Any:
     path = resolve_model(cfg.model, cfg.cache_dir)
     torch.manual_seed(seed)
     module = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    module = module.to(dtype=_DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
+    module = module.to(dtype=DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
     return HFBackend(module, AutoTokenizer.from_pretrained(path), **options)
 
 

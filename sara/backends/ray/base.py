@@ -21,7 +21,7 @@ from sara.config import ConfigError, validate_config
 from sara.envs.base import GenerationRequest
 from sara.types import RolloutRequest
 
-__all__ = ["RayPool"]
+__all__ = ["RayPool", "last_error_line"]
 
 R = TypeVar("R", GenerationRequest, RolloutRequest)
 
@@ -118,11 +118,11 @@ class RayPool:
             self._failures[w] += 1
             if getattr(exc, "actor_init_failed", False):
                 raise WorkerFailedError(f"Ray worker {w} of {self.num_workers} ({self._describe_factory()}) could "
-                                        f"not build its backend while {doing}: {_last_line(exc)}") from exc
+                                        f"not build its backend while {doing}: {last_error_line(exc)}") from exc
             if self._failures[w] > self.config.max_restarts:
                 raise WorkerFailedError(
                     f"Ray worker {w} of {self.num_workers} ({self._describe_factory()}) failed "
-                    f"{self._failures[w]} times in a row while {doing}; last error: {_last_line(exc)}") from exc
+                    f"{self._failures[w]} times in a row while {doing}; last error: {last_error_line(exc)}") from exc
             try:
                 ray.kill(self.actors[w], no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
@@ -311,7 +311,7 @@ class RayPool:
         self.close()
 
 
-def _last_line(exc: BaseException) -> str:
+def last_error_line(exc: BaseException) -> str:
     """``"Type: last line of the message"`` (Ray wraps the worker's traceback; its last line is the error)."""
     lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     return f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"[:500]

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sara.backends.ray.actor import WorkerFailedError
-from sara.backends.ray.base import RayPool, _last_line
+from sara.backends.ray.base import RayPool, last_error_line
 
 __all__ = ["StreamingPool"]
 
@@ -273,7 +273,7 @@ class StreamingPool(RayPool):
             raise WorkerFailedError(
                 f"Ray worker {w} of {self.num_workers} ({self._describe_factory()}) failed while {doing}, holding "
                 f"{len(twice)} rollouts (tags {twice[:8]}{' ...' if len(twice) > 8 else ''}) that had already been "
-                f"re-issued once after another failure; giving up on them. Last error: {_last_line(exc)}") from exc
+                f"re-issued once after another failure; giving up on them. Last error: {last_error_line(exc)}") from exc
         self._reissued.update(lost)
         self._pending.extend((t, w) for t in lost)
         self.stream_counts["reissued"] += len(lost)
