@@ -96,6 +96,12 @@ def test_the_backend_packs_its_own_copy_never_a_handed_module_and_generates_the_
     for backend in (packed, plain):
         backend.update_weights(policy.state_dict(), 1)
     assert tokens(packed) == tokens(plain)
+    # the trainer releases the packed copies (and prompt KV) when an update starts; the next call packs again
+    layers = packed_layers(packed.model)
+    before = [m.packs for m in layers]
+    packed.release_stale()
+    assert all(m._packed is None for m in layers)
+    assert tokens(packed) == tokens(plain) and [m.packs for m in layers] == [b + 1 for b in before]
     # a module handed to the backend is used as is; the policy's copy made by the factory is packed
     handed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
     HFBackend(handed, AutoTokenizer.from_pretrained(tiny_model_dir))

@@ -52,15 +52,16 @@ def test_train_step_phases_and_namespaces(tmp_path):
 
 
 def test_the_engines_prompt_kv_is_released_before_the_update(tmp_path):
-    """A backend that keeps prompt KV (``PrefixCached``) forgets it when the update starts: the weights change there,
-    and what it held is freed before the update's memory peak rather than after it (at the weight sync)."""
+    """A backend that keeps state computed from its weights (``ReleasesStale``: the HF backend's prompt KV and packed
+    weights) releases it when the update starts: the weights change there, and what it held is freed before the
+    update's memory peak rather than after it (at the weight sync)."""
     cfg = TrainConfig(task="sara/Arithmetic-v0:max_digits=1,pool_size=150,eval_size=20",
                       policy_options={"d_model": 32, "n_layers": 1, "n_heads": 2, "warm_start": {"steps": 0}},
                       k=4, groups_per_step=2, steps=1, eval={"every": 0}, out_dir=str(tmp_path), progress=False,
                       scorer="inline")
     events: list[str] = []
     with Trainer(cfg) as trainer:
-        trainer.backend.reset_prefix_cache = lambda: events.append("reset")  # now a PrefixCached backend
+        trainer.backend.release_stale = lambda: events.append("reset")  # now a ReleasesStale backend
         update = trainer.learner.update
         trainer.learner.update = lambda *a, **k: (events.append("update"), update(*a, **k))[1]
         trainer.train_step()

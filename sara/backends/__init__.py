@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from sara.envs.base import GenerationBackend
 from sara.registry import Registry, returns
 
-__all__ = ["BACKENDS", "PrefixCached", "make_backend"]
+__all__ = ["BACKENDS", "PrefixCached", "ReleasesStale", "make_backend"]
 
 
 @runtime_checkable
@@ -30,6 +30,14 @@ class PrefixCached(Protocol):
     """A backend that keeps prompt KV across calls (hf, vllm) and can forget it (benchmarks reset it per step)."""
 
     def reset_prefix_cache(self) -> None: ...
+
+
+@runtime_checkable
+class ReleasesStale(Protocol):
+    """A backend holding state computed from its weights (prompt KV, packed weight copies) that the next update makes
+    stale: the trainer releases it when an update starts, so that it is not held under the update's memory peak."""
+
+    def release_stale(self) -> None: ...
 
 BACKENDS: Registry[Callable[..., Any]] = Registry(
     "generation backend", accepts=returns(GenerationBackend),

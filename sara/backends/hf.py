@@ -30,6 +30,7 @@ top-p truncation, computed in float32 from the generating weights), the same con
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ import torch
 from pydantic import Field
 
 from sara.backends.hf_cache import fill_from_end, with_spare
+from sara.backends.hf_packed import pack_linears, release_packed
 from sara.backends.hf_rows import Row
 from sara.backends.sampling import sample_tokens
 from sara.backends.text import encode_prompt, eos_ids, find_stop
@@ -103,8 +105,6 @@ class HFBackend:
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, **options: Any) -> None:
-        from sara.backends.hf_packed import pack_linears
-
         self.config, self.model, self.tokenizer = resolve_hf_model(model, tokenizer, options, HFBackendConfig,
                                                                    what="backend 'hf'")
         if not isinstance(model, torch.nn.Module) and self.config.packed_linear:  # loaded here: its own copy
@@ -365,6 +365,12 @@ class HFBackend:
         if self.shared_prefix is not None:
             self.shared_prefix.reset()
 
+    def release_stale(self) -> None:
+        """``ReleasesStale``: forget the cached prompt prefills and the packed weight copies (``hf_packed``, packed
+        again by the next forward), both stale once the trainer's update changes the weights."""
+        self.reset_prefix_cache()
+        release_packed(self.model)
+
     def close(self) -> None:
         """Drop the model reference (memory is freed once the trainer lets go of it too)."""
         self.closed = True
@@ -387,13 +393,8 @@ def make_hf_backend(policy: Any = None, options: Mapping[str, Any] | None = None
     module = policy.model
     if cfg.share_policy:
         return HFBackend(module, policy.tokenizer, **opts)
-    import copy
-
-    from sara.backends.hf_packed import pack_linears
-
     gen = copy.deepcopy(module).to(dtype=DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
-    for p in gen.parameters():
-        p.requires_grad_(False)
+    gen.requires_grad_(False)
     if cfg.packed_linear:  # the copy is the backend's own
         pack_linears(gen, cfg.max_batch_size)
     return HFBackend(gen, policy.tokenizer, **opts)

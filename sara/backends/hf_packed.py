@@ -8,7 +8,9 @@ the reordered weight (``torch.ops.mkldnn._reorder_linear_weight``) and multiplie
 (``torch.ops.mkldnn._linear_pointwise``): the same oneDNN kernel, so the same numbers, without the per-call reorder.
 
 The packed copy follows its weight: ``load_state_dict`` (a weight sync) writes the weight in place, which bumps the
-tensor's version counter, and the next forward packs again. Only for modules that do not train: a forward that needs a
+tensor's version counter, and the next forward packs again. ``release_packed`` drops the copies (the HF backend's
+``release_stale``, which the trainer calls when an update starts: they are stale from there and about as large as the
+weights). Only for modules that do not train: a forward that needs a
 gradient, or an input of another dtype or device, runs ``torch.nn.functional.linear`` unchanged.
 """
 
@@ -19,7 +21,7 @@ import functools
 import torch
 from torch import nn
 
-__all__ = ["PackedLinear", "can_pack", "pack_linears"]
+__all__ = ["PackedLinear", "can_pack", "pack_linears", "release_packed"]
 
 
 @functools.cache
@@ -69,6 +71,10 @@ class PackedLinear(nn.Linear):
             self.packs += 1
         return self._packed
 
+    def release(self) -> None:
+        """Drop the packed copy (the next inference forward packs again)."""
+        self._packed, self._packed_version = None, -1
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if (x.dtype != w.dtype or x.device != w.device or x.numel() == 0
@@ -89,3 +95,12 @@ def pack_linears(model: nn.Module, batch_hint: int = 64) -> int:
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, batch_hint))
     return len(swaps)
+
+
+def release_packed(model: nn.Module) -> int:
+    """Drop the packed copies of ``model``'s ``PackedLinear`` layers (about the size of its weights: released before a
+    trainer's update, they are not held under its memory peak); returns how many held one."""
+    held = [m for m in model.modules() if isinstance(m, PackedLinear) and m._packed is not None]
+    for m in held:
+        m.release()
+    return len(held)

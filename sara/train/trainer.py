@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from sara.backends import PrefixCached
+from sara.backends import ReleasesStale
 from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
@@ -176,8 +176,8 @@ class Trainer:
                 advantages = weigh_advantages(self.allocator, groups, advantages, extra)  # sara:reweight=ds
             # 3-4. Loss and optimizer steps (`epochs` passes of mini-batches); the engine's prompt KV is stale from here
             with timer("update"):
-                if isinstance(self.backend, PrefixCached):  # freed before the update's peak, not after it
-                    self.backend.reset_prefix_cache()
+                if isinstance(self.backend, ReleasesStale):  # freed before the update's peak, not after it
+                    self.backend.release_stale()
                 algo_metrics = (learner.update(batch, cast(Advantages, advantages), returns, extra, step=self.step)
                                 if batch is not None else {})
                 check_finite(self.step, algo_metrics, self.policy, cfg)  # before the weights go anywhere
