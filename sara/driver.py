@@ -93,7 +93,8 @@ class DriverConfig(SaraModel):
 def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler, *, target_groups: int,
             driver: DriverConfig | Mapping[str, Any] | None = None, max_rollouts: int | None = None, seed: int = 0,
             step: int | None = None, eps: float | None = None, observers: Sequence[CollectObserver] = (),
-            carry: StreamCarry | None = None, policy_version: int | None = None) -> CollectResult:
+            carry: StreamCarry | None = None, policy_version: int | None = None, hand_on: bool = True
+            ) -> CollectResult:
     """Run one collection step until ``target_groups`` groups are committed (or another stop condition).
 
     Args:
@@ -110,6 +111,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         carry: The previous step's ``CollectResult.carry`` (streaming, same environment): re-admitted first.
         policy_version: Weights version of the generator; stamped on delivered rollouts that carry none (a rollout
             keeps the version it was started under, so carried rollouts are marked as the older weights').
+        hand_on: False: the step hands nothing on whatever ``driver.carry_lag`` (a checkpoint or the run's end follows).
 
     Returns:
         ``CollectResult``: committed groups (the batch), abandoned and discarded units, exact accounting (streaming:
@@ -144,17 +146,18 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
     bound = cfg.max_step_rollouts or max(MIN_STEP_ROLLOUTS, STEP_ROLLOUTS_FACTOR * target_groups * int(allocator.k))
     limit, spent_reason = (max_rollouts, "max_rollouts") if max_rollouts is not None and max_rollouts <= bound \
         else (bound, "max_step_rollouts")
-    lookahead = (target_groups if cfg.lookahead is None else cfg.lookahead) if cfg.carry_lag else 0
+    lag = cfg.carry_lag if hand_on else 0  # how many steps a unit may be handed on from this one
+    lookahead = (target_groups if cfg.lookahead is None else cfg.lookahead) if lag else 0
     st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed, max_rollouts=max_rollouts,
                          eps=eps, observers=observers, lookahead=lookahead)
-    run = _Flight(allocator, env, st, cfg, policy_version)
+    run = _Flight(allocator, env, st, cfg, policy_version, lag)
     try:  # a step that fails (the engine, a stop request) leaves nothing running on the engine
         if carry is not None:
             run.take(carry)
         timer, stop = st.timer, ""
         while not stop:
             if len(st.committed) >= target_groups:
-                waiting = _unfinished(allocator, st, cfg.carry_lag) if cfg.complete_groups else ()
+                waiting = _unfinished(allocator, st, lag) if cfg.complete_groups else ()
                 if len(waiting) == 0 or not run.fill(cast(np.ndarray, waiting), cap, limit):
                     stop = "target_reached"
                 continue
@@ -188,7 +191,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
     except BaseException:
         run.abort_on_failure(carry)
         raise
-    handed = run.hand_on(cfg.carry_lag) if cfg.carry_lag else None  # before end_step closes the open units
+    handed = run.hand_on(lag) if lag else None  # before end_step closes the open units
     run.abort_units(np.unique(np.fromiter((u for u, _ in run.live.values()), np.int64, count=len(run.live))))
     with timer("allocator"):
         closed = allocator.end_step()
@@ -219,8 +222,7 @@ def _wants_more(allocator: BudgetAllocator) -> bool:
 
 
 def _unfinished(allocator: BudgetAllocator, st: StepState, carry_lag: int) -> np.ndarray:
-    """Groups being filled that the step must finish (``complete_groups``): all of them, or with carry-over those too
-    old to be carried."""
+    """Groups being filled the step must finish (``complete_groups``): all, or with carry-over those too old to carry."""
     ids = np.asarray(allocator.filling(), np.int64)
     return ids[st.step + 1 - st.born[ids] > carry_lag] if carry_lag else ids
 
@@ -233,8 +235,8 @@ class _Flight:
     """The rollouts of one step between dispatch and delivery: tags, submission, rounds or polls, aborts, carry."""
 
     def __init__(self, allocator: BudgetAllocator, env: Any, st: StepState, cfg: DriverConfig,
-                 version: int | None) -> None:
-        self.allocator, self.env, self.st, self.cfg, self.version = allocator, env, st, cfg, version
+                 version: int | None, lag: int) -> None:
+        self.allocator, self.env, self.st, self.cfg, self.version, self.lag = allocator, env, st, cfg, version, lag
         self.live: dict[int, tuple[int, int]] = {}  # tag -> (unit id, index j in the unit), in submission order
         self.queued: list[tuple[int, RolloutRequest]] = []  # barrier: the round being assembled
         self.born: dict[int, int | None] = {}  # tag -> policy version it was started under (carried tags: older)
@@ -281,7 +283,7 @@ class _Flight:
         """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight (with
         carry-over it keeps running and dispatching), start their missing rollouts, poll. False when nothing is left
         to wait for (the budget is spent)."""
-        keep_others = bool(self.cfg.carry_lag)
+        keep_others = bool(self.lag)
         if not keep_others:
             self.abort_units(np.setdiff1d(np.fromiter((u for u, _ in self.live.values()), np.int64,
                                                       count=len(self.live)), waiting))

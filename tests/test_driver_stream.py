@@ -338,3 +338,16 @@ def test_a_step_that_fails_leaves_nothing_running_on_the_engine(with_carry):
         collect(alloc, env, sampler, target_groups=50, seed=0, step=1, carry=carry,
                 driver={**STREAM, "carry_lag": 1 if with_carry else 0})
     assert backend.inflight() == 0 and backend.aborted  # everything it had started (and adopted) is aborted
+
+
+def test_a_step_told_not_to_hand_on_carries_nothing_whatever_its_lag():
+    """``hand_on=False`` (the trainer's step before a checkpoint or the run's end): the same ``driver`` with
+    ``carry_lag=1`` hands nothing on and leaves nothing running; with ``hand_on`` it carries its open units."""
+    backend = FailsOnPoll(n=10**9, slots=32)
+    env, alloc, sampler = _env(backend=backend), make_allocator("sara", k=4), UniformSampler(300, seed=0)
+    driver = {**STREAM, "carry_lag": 1}
+    handed = collect(alloc, env, sampler, target_groups=4, seed=0, step=0, driver=driver)
+    assert handed.carry is not None and handed.carry.live
+    last = collect(alloc, env, sampler, target_groups=4, seed=0, step=1, carry=handed.carry, driver=driver,
+                   hand_on=False)
+    assert last.carry is None and backend.inflight() == 0

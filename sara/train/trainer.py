@@ -159,10 +159,10 @@ class Trainer:
             # 1. Collect: the allocator decides who gets rollouts, the env generates + verifies them (in synchronous
             # rounds, or rollout by rollout on a streaming backend: sara.driver).
             with timer("collect"):
-                driver = cfg.driver.model_copy(update={"carry_lag": self._carry_lag()})
-                result = collect(self.allocator, self.env, self.sampler, target_groups=self.bank.need(), driver=driver,
+                result = collect(self.allocator, self.env, self.sampler, target_groups=self.bank.need(), driver=cfg.driver,
                                  max_rollouts=self._step_budget(), seed=cfg.seed, step=self.step, carry=self._carry,
-                                 observers=[self.verifier_health, self.progress], policy_version=self.version)
+                                 observers=[self.verifier_health, self.progress], policy_version=self.version,
+                                 hand_on=self._hands_on())
                 self._carry = result.carry
                 health = self.verifier_health.end(result.stats.rollouts)  # a broken verifier stops here
                 check_step_limit(result.stats, self.step, cfg)  # so does a step where nothing was effective
@@ -259,11 +259,11 @@ class Trainer:
         b = self.config.rollout_budget
         return b is not None and self.totals["rollouts"] + pending >= b
 
-    def _carry_lag(self) -> int:
-        """``carry_lag`` for the next step: 0 before a checkpoint or the run's end (a checkpoint holds no carried work)."""
+    def _hands_on(self) -> bool:
+        """Whether the next step may hand work on (``driver.carry_lag``): not before a checkpoint or the run's end
+        (a checkpoint holds no carried work)."""
         cfg, nxt = self.config, self.step + 1
-        boundary = (cfg.checkpoint_every and nxt % cfg.checkpoint_every == 0) or nxt >= self._horizon
-        return 0 if boundary else cfg.driver.carry_lag
+        return not ((cfg.checkpoint_every and nxt % cfg.checkpoint_every == 0) or nxt >= self._horizon)
 
     def release_carry(self) -> None:
         """Abort the rollouts the last step left running for the next one (before a checkpoint, at the run's end)."""
