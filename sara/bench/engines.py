@@ -94,6 +94,7 @@ def _random_hf(options: dict[str, Any], seed: int) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from sara.backends.hf import DTYPES, HFBackend, HFBackendConfig
+    from sara.backends.hf_packed import pack_linears
     from sara.config import validate_config
     from sara.hub import resolve_model
 
@@ -102,6 +103,8 @@ def _random_hf(options: dict[str, Any], seed: int) -> Any:
     torch.manual_seed(seed)
     module = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
     module = module.to(dtype=DTYPES[cfg.dtype_choice().name], device=cfg.device).eval()
+    if cfg.packed_linear:  # the bench's own copy: packed as the engine packs the copies it owns
+        pack_linears(module, cfg.max_batch_size)
     return HFBackend(module, AutoTokenizer.from_pretrained(path), **options)
 
 
