@@ -21,9 +21,7 @@ the same environment commits the same groups whichever mode (and however many en
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import itertools
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -34,9 +32,10 @@ from pydantic import Field, model_validator
 from sara.allocators.base import BudgetAllocator
 from sara.config import MAX_STEPS, ConfigError, SaraModel, validate_config
 from sara.envs.base import RolloutEnv, StreamingEnv
+from sara.flight import InFlight
 from sara.samplers.base import PromptSampler
 from sara.step import CollectObserver, StepState, StreamCarry
-from sara.types import CollectResult, Rollout, RolloutRequest
+from sara.types import CollectResult
 
 __all__ = ["DriverConfig", "MIN_STEP_ROLLOUTS", "STEP_ROLLOUTS_FACTOR", "StreamCarry", "collect", "release_carry"]
 
@@ -150,7 +149,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
     lookahead = (target_groups if cfg.lookahead is None else cfg.lookahead) if lag else 0
     st = StepState.begin(allocator, env.prompts, target_groups, step=step, seed=seed, max_rollouts=max_rollouts,
                          eps=eps, observers=observers, lookahead=lookahead)
-    run = _Flight(allocator, env, st, cfg, policy_version, lag)
+    run = InFlight(allocator, env, st, barrier=cfg.barrier, poll_timeout=cfg.poll_timeout, version=policy_version)
     try:  # a step that fails (the engine, a stop request) leaves nothing running on the engine
         if carry is not None:
             run.take(carry)
@@ -158,7 +157,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         while not stop:
             if len(st.committed) >= target_groups:
                 waiting = _unfinished(allocator, st, lag) if cfg.complete_groups else ()
-                if len(waiting) == 0 or not run.fill(cast(np.ndarray, waiting), cap, limit):
+                if len(waiting) == 0 or not _fill(run, cast(np.ndarray, waiting), cap, limit, keep_others=bool(lag)):
                     stop = "target_reached"
                 continue
             budget = limit - run.started
@@ -227,174 +226,19 @@ def _unfinished(allocator: BudgetAllocator, st: StepState, carry_lag: int) -> np
     return ids[st.step + 1 - st.born[ids] > carry_lag] if carry_lag else ids
 
 
-_TAGS = itertools.count()
-"""Rollout tags of every step in this process (increasing; an engine may order by them)."""
-
-
-class _Flight:
-    """The rollouts of one step between dispatch and delivery: tags, submission, rounds or polls, aborts, carry."""
-
-    def __init__(self, allocator: BudgetAllocator, env: Any, st: StepState, cfg: DriverConfig,
-                 version: int | None, lag: int) -> None:
-        self.allocator, self.env, self.st, self.cfg, self.version, self.lag = allocator, env, st, cfg, version, lag
-        self.live: dict[int, tuple[int, int]] = {}  # tag -> (unit id, index j in the unit), in submission order
-        self.queued: list[tuple[int, RolloutRequest]] = []  # barrier: the round being assembled
-        self.born: dict[int, int | None] = {}  # tag -> policy version it was started under (carried tags: older)
-        self.started = self.aborted = self.aborted_tokens = self.polls = self.inflight_sum = 0
-        self.carried_in = self.carried_out = 0
-
-    def take(self, carry: StreamCarry) -> None:
-        """Re-admit the previous step's carried units (before any fresh prompt) and adopt their running rollouts."""
-        st = self.st
-        st.readmit(carry.pool_index, carry.born, carry.started, carry.rollouts)
-        inflight = np.bincount(np.fromiter((u for u, _, _ in carry.live.values()), np.int64, count=len(carry.live)),
-                               minlength=len(carry.pool_index))
-        rewards = [np.fromiter((r.reward for r in rs), np.float64, count=len(rs)) for rs in carry.rollouts]
-        with st.timer("allocator"):
-            ids, closed, decisions = self.allocator.carry_in(carry.pool_index, rewards, inflight)
-        if not np.array_equal(ids, np.arange(len(carry.pool_index))):
-            raise AssertionError("carry: re-admitted units must be the step's first units")
-        for tag, (u, j, version) in carry.live.items():
-            self.live[tag], self.born[tag] = (int(ids[u]), j), version
-        self.carried_in = len(carry.live)
-        st.close(closed, decisions)
-        self.abort_units(np.asarray(closed, np.int64))
-
-    def hand_on(self, lag: int) -> StreamCarry | None:
-        """The open units young enough for ``lag`` (and their running rollouts) leave the step for the next one."""
-        st = self.st
-        units = st.open_units()
-        units = units[st.step + 1 - st.born[units] <= lag]
-        if len(units) == 0:
-            return None
-        pos = {u: i for i, u in enumerate(units.tolist())}
-        live = {t: (pos[u], j, self.born.pop(t, None)) for t, (u, j) in list(self.live.items()) if u in pos}
-        for t in live:
-            del self.live[t]
-        with st.timer("allocator"):
-            self.allocator.carry_out(units)
-        st.hand_on(units)
-        self.carried_out = len(live)
-        return StreamCarry(step=st.step, pool_index=st.pool_index(units), born=st.born[units].copy(),
-                           started=st.started[units].copy(), rollouts=tuple(tuple(st.rollouts_of[u]) for u in units),
-                           live=live)
-
-    def fill(self, waiting: np.ndarray, cap: int, limit: int) -> bool:
-        """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight (with
-        carry-over it keeps running and dispatching), start their missing rollouts, poll. False when nothing is left
-        to wait for (the budget is spent)."""
-        keep_others = bool(self.lag)
-        if not keep_others:
-            self.abort_units(np.setdiff1d(np.fromiter((u for u, _ in self.live.values()), np.int64,
-                                                      count=len(self.live)), waiting))
-        free = min(cap - len(self.live), limit - self.started)
-        with self.st.timer("allocator"):
-            ids = self.allocator.dispatch(free, only=None if keep_others else waiting)
-            prefixes = self.allocator.prefix(ids)
-        self.submit(ids, prefixes)
-        if not self.live:
-            return False
-        self.wait()
-        return True
-
-    def submit(self, ids: np.ndarray, prefixes: Sequence[str]) -> None:
-        """Start one rollout per entry of ``ids`` (seeds from ``StepState.launch``): queued for the round (barrier)
-        or submitted to the engine (streaming)."""
-        if len(ids) == 0:
-            return
-        st, prompts = self.st, self.env.prompts
-        seeds, js = st.launch(ids)
-        items = []
-        for u, p, s, j, pre in zip(ids.tolist(), st.pool_index(ids).tolist(), seeds.tolist(), js.tolist(), prefixes):
-            tag = next(_TAGS)  # unique across steps: a late completion of an aborted tag can never match a new one
-            items.append((tag, RolloutRequest(unit_id=u, pool_index=p, prompt=prompts[p], seeds=(int(s),), prefix=pre,
-                                              index=j)))
-            self.live[tag] = (u, j)
-            self.born[tag] = self.version
-        self.started += len(ids)
-        if self.cfg.barrier:
-            self.queued.extend(items)
-            return
-        with st.timer("env"):
-            self.env.submit(items)
-
-    def wait(self) -> None:
-        """Deliver rollouts: the whole queued round in one batched call (barrier), or one ``env.poll`` (streaming);
-        close units and abort what closed units still have running."""
-        st = self.st
-        if self.cfg.barrier:
-            done = self._round()
-        else:
-            self.polls += 1
-            self.inflight_sum += len(self.live)
-            with st.timer("env"):
-                done = self.env.poll(self.cfg.poll_timeout)
-        keep: list[tuple[int, Rollout]] = []
-        for tag, r in done:
-            if tag in self.live:
-                keep.append((tag, r))
-            else:  # finished before its abort reached the engine: already counted as aborted
-                self.aborted_tokens += int(r.num_tokens)
-        if not keep:
-            return
-        where = [self.live.pop(tag) for tag, _ in keep]
-        got = [r if r.policy_version is not None or self.born.get(t) is None
-               else dataclasses.replace(r, policy_version=self.born[t]) for t, r in keep]
-        for t, _ in keep:
-            self.born.pop(t, None)
-        unit_ids = np.fromiter((u for u, _ in where), np.int64, count=len(where))
-        index = np.fromiter((j for _, j in where), np.int64, count=len(where))
-        flat_ids, rewards = st.record(unit_ids, got)
-        with st.timer("allocator"):
-            closed, decisions = self.allocator.finished(flat_ids, rewards, index)
-        st.close(closed, decisions)
-        self.abort_units(np.asarray(closed, np.int64))
-
-    def _round(self) -> list[tuple[int, Rollout]]:
-        """Generate the queued round in one ``env.rollout`` call: consecutive rollouts of a unit with the same prefix
-        form one request (several seeds); results come back tagged, in dispatch order."""
-        items, self.queued = self.queued, []
-        requests: list[RolloutRequest] = []
-        tags: list[list[int]] = []
-        for tag, req in items:
-            last = requests[-1] if requests else None
-            if last is not None and last.unit_id == req.unit_id and last.prefix == req.prefix:
-                requests[-1] = dataclasses.replace(last, seeds=last.seeds + req.seeds)
-                tags[-1].append(tag)
-            else:
-                requests.append(req)
-                tags.append([tag])
-        with self.st.timer("env"):
-            results = self.env.rollout(requests)
-        if len(results) != len(requests) or any(len(r) != q.n for r, q in zip(results, requests)):
-            raise RuntimeError(f"{type(self.env).__name__}.rollout returned a wrong number of rollouts for the round")
-        return [(t, r) for ts, rs in zip(tags, results) for t, r in zip(ts, rs)]
-
-    def abort_on_failure(self, carry: StreamCarry | None) -> None:
-        """Abort every rollout of the step still running on the engine (and a carry not yet taken), as the step
-        raises; a second failure while aborting does not mask the first."""
-        tags = set(self.live) | set(carry.live if carry is not None else ())
-        if tags and not self.cfg.barrier:
-            with contextlib.suppress(Exception):
-                self.env.abort(sorted(tags))
-        self.live.clear()
-
-    def abort_units(self, units: np.ndarray) -> None:
-        """Cancel every in-flight rollout of ``units`` (on the engine and in the allocator's bookkeeping)."""
-        if len(units) == 0 or not self.live:
-            return
-        with self.st.timer("allocator"):
-            busy = units[self.allocator.inflight(units) > 0]
-        if len(busy) == 0:
-            return
-        kill = set(busy.tolist())
-        tags = [t for t, (u, _) in self.live.items() if u in kill]
-        for t in tags:
-            del self.live[t]
-            self.born.pop(t, None)
-        if tags and not self.cfg.barrier:
-            with self.st.timer("env"):
-                self.aborted_tokens += int(self.env.abort(tags))
-        with self.st.timer("allocator"):
-            self.allocator.abort(busy)
-        self.aborted += len(tags)
+def _fill(run: InFlight, waiting: np.ndarray, cap: int, limit: int, *, keep_others: bool) -> bool:
+    """One round of waiting for the groups ``waiting`` (``complete_groups``): abort what else is in flight (with
+    carry-over, ``keep_others``, it keeps running and dispatching), start their missing rollouts, poll. False when
+    nothing is left to wait for (the budget is spent)."""
+    if not keep_others:
+        run.abort_units(np.setdiff1d(np.fromiter((u for u, _ in run.live.values()), np.int64, count=len(run.live)),
+                                     waiting))
+    free = min(cap - len(run.live), limit - run.started)
+    with run.st.timer("allocator"):
+        ids = run.allocator.dispatch(free, only=None if keep_others else waiting)
+        prefixes = run.allocator.prefix(ids)
+    run.submit(ids, prefixes)
+    if not run.live:
+        return False
+    run.wait()
+    return True

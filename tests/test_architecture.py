@@ -8,7 +8,7 @@ Layers, lowest first (a module may import its own layer and the ones below):
 2. decisions, algorithms and environments: samplers, allocators, algos, envs (tasks, simulators, task envs), metrics,
    hub
 3. models and engines: policies, backends
-4. the driver and the allocation builder: driver, step, build
+4. the driver and the allocation builder: driver, flight, step, build
 5. training: train
 6. users' entry points: bench, experiments, testing, commands, cli, integrations
 
@@ -39,7 +39,7 @@ LAYERS: dict[str, int] = {
     "sara.priors": 1,
     "sara.samplers": 2, "sara.allocators": 2, "sara.algos": 2, "sara.envs": 2, "sara.metrics": 2, "sara.hub": 2,
     "sara.policies": 3, "sara.backends": 3,
-    "sara.driver": 4, "sara.step": 4, "sara.build": 4,
+    "sara.driver": 4, "sara.flight": 4, "sara.step": 4, "sara.build": 4,
     "sara.train": 5,
     "sara.bench": 6, "sara.experiments": 6, "sara.testing": 6, "sara.commands": 6, "sara.cli": 6,
     "sara.integrations": 6,
