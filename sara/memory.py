@@ -14,8 +14,9 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 
-__all__ = ["peak_rss_mb", "reset_peak_rss", "rss_mb", "window_peak_mb"]
+__all__ = ["device_memory_bytes", "machine_memory_bytes", "peak_rss_mb", "reset_peak_rss", "rss_mb", "window_peak_mb"]
 
 _folded = 0.0  # the largest high-water mark a reset cleared, in MiB
 
@@ -75,3 +76,31 @@ def peak_rss_mb() -> float:
         return float("nan")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def machine_memory_bytes() -> int | None:
+    """The memory this process may use, in bytes: the machine's physical memory, or a cgroup's (a container's)
+    limit when lower (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None where neither can be read."""
+    try:
+        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (total is None or int(text) < total):
+            total = int(text)
+    return total if total and total > 0 else None
+
+
+def device_memory_bytes(device: object) -> int | None:
+    """The memory tensors on ``device`` may use, in bytes: a CUDA device's total memory, else
+    ``machine_memory_bytes`` (None: unknown)."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.device(str(device))).total_memory)
+    return machine_memory_bytes()

@@ -21,7 +21,7 @@ import sara
 
 ROOT = Path(sara.__file__).parent
 REPO = ROOT.parent
-STRICT = ("sara/allocators", "sara/samplers", "sara/priors", "sara/driver.py", "sara/step.py", "sara/train")
+STRICT = ("sara/allocators", "sara/samplers", "sara/priors", "sara/driver.py", "sara/flight.py", "sara/step.py", "sara/train")
 """What mypy checks strictly (``[tool.mypy] files``) and what the bare-``Any`` rule covers."""
 
 

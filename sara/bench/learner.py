@@ -36,7 +36,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -64,8 +64,9 @@ class LearnerBenchConfig(SaraModel):
     """Timed updates per path (interleaved, after one untimed warm-up of each)."""
     compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The shipped path's ``HFPolicyConfig.compute_dtype`` (``auto``: bfloat16 where this CPU has it natively)."""
-    microbatch_tokens: int | None = Field(2048, ge=1)
-    """The shipped path's ``OptimConfig.microbatch_tokens``."""
+    microbatch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
+    """The shipped path's ``OptimConfig.microbatch_tokens`` (``auto``: sized from the model and this machine's
+    memory, as a run sizes it)."""
     algo: str = "grpo"
     """Algorithm spec of both paths."""
     lr: float = Field(3e-5, gt=0)
@@ -146,7 +147,8 @@ def run_learner_bench(cfg: LearnerBenchConfig, log: Callable[[str], None] = lamb
     limit = flops["needed"] / (rates[limit_dtype] * 1e9)
     report: dict[str, Any] = {"config": cfg.model_dump(), "rollouts": n, "tokens": tokens,
                               "response_tokens": int(batch.response_mask.sum()), "matmul_gflops": rates,
-                              "flops": flops, "limit_dtype": limit_dtype, "limit_seconds": limit, "memory": memory}
+                              "flops": flops, "limit_dtype": limit_dtype, "limit_seconds": limit, "memory": memory,
+                              "microbatch": {"tokens": learner.microbatch_tokens, "reason": learner.microbatch_reason}}
     report["naive"] = None
     for name, _ in paths:
         s = statistics.median(seconds[name])

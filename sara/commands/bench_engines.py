@@ -102,8 +102,8 @@ def register(bsub: Any) -> None:
     lb.add_argument("--reps", type=int, default=None, help="timed updates per path, interleaved (default: 3)")
     lb.add_argument("--compute-dtype", default=None, help="the shipped path's compute dtype (auto | float32 | "
                     "bfloat16; default: auto, bfloat16 where this CPU has it natively)")
-    lb.add_argument("--microbatch-tokens", type=int, default=None, help="the shipped path's micro-batch budget "
-                    "(default: 2048)")
+    lb.add_argument("--microbatch-tokens", default=None, help="the shipped path's micro-batch budget: positions, or "
+                    "auto (default: auto, sized from the model and this machine's memory as a run sizes it)")
     lb.add_argument("--algo", default=None, help="algorithm spec (default: grpo)")
     lb.add_argument("--seed", type=int, default=None, help="seed of the task's prompts and the sampled completions")
     lb.add_argument("--no-naive", dest="naive", action="store_false",

@@ -124,6 +124,16 @@ class PrefixScorer(Protocol):
         ...
 
 
+@runtime_checkable
+class SizesActivations(Protocol):
+    """A policy that says what one forwarded position keeps for the backward pass (the learner sizes its
+    micro-batches by it: ``OptimConfig.microbatch_tokens: auto``)."""
+
+    def activation_bytes_per_token(self) -> int | None:
+        """Bytes of activations one position of a training forward keeps until its backward (None: unknown)."""
+        ...
+
+
 class ScoreViews:
     """``token_logprobs`` and ``values`` as views of ``score`` (for policies that implement ``score``)."""
 

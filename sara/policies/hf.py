@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -28,7 +29,7 @@ from sara.machine import DtypeChoice, resolve_dtype
 from sara.policies.base import PolicyOutput, PrefixKV, ScoreViews, TokenBatch
 from sara.policies.vocab import token_logprobs
 
-__all__ = ["HFPolicy", "HFPolicyConfig", "make_hf_policy"]
+__all__ = ["HFPolicy", "HFPolicyConfig", "decoder_activation_bytes", "make_hf_policy"]
 
 
 class HFPolicyConfig(SaraModel):
@@ -65,6 +66,28 @@ class HFPolicyConfig(SaraModel):
             return DtypeChoice("bfloat16", f"{choice.reason}; autocast over {self.dtype} weights")
         return choice
 
+    def activation_bytes_per_token(self) -> int | None:
+        """What ``HFPolicy.activation_bytes_per_token`` will say, read from the model directory's ``config.json``
+        without loading the model (None: a named model not prepared yet, or an unreadable config)."""
+        import json
+
+        from sara.hub import MODELS, is_prepared, model_dir
+
+        path = Path(self.model).expanduser()
+        if not path.is_dir():
+            if self.model not in MODELS:
+                return None
+            path = model_dir(self.model, self.cache_dir)
+            if not is_prepared(path):
+                return None
+        try:
+            shape = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        half = self.dtype == "bfloat16" or self.compute_choice().name == "bfloat16"
+        return _shape_bytes(shape, half=half, checkpointing=self.gradient_checkpointing) if isinstance(shape, dict) \
+            else None
+
 
 class HFPolicy(ScoreViews):
     """A trainable causal LM (implements ``sara.policies.base.Policy``).
@@ -98,6 +121,12 @@ class HFPolicy(ScoreViews):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def activation_bytes_per_token(self) -> int | None:
+        """``SizesActivations``: ``decoder_activation_bytes`` of the model's shape in the compute dtype (None: a
+        config without ``hidden_size``, ``intermediate_size`` or ``num_hidden_layers``)."""
+        half = self.autocast_dtype is not None or next(self.model.parameters()).dtype != torch.float32
+        return _shape_bytes(self.model.config.to_dict(), half=half, checkpointing=self.config.gradient_checkpointing)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -275,6 +304,37 @@ CPU: its backward is faster than the CPU flash kernel's on short rows, the flash
 SmolLM2-135M in bfloat16: docs/results.md, "The learner at this length": math faster at 300 and 7.2k pairs a row,
 flash at 22k and 42k; and 8 rows of ~65 positions after a given 417-token prefix, 32k a row: flash. Pairs per
 micro-batch, the former measure, put that last one on the slow math kernel)."""
+
+
+def _shape_bytes(shape: Mapping[str, Any], *, half: bool, checkpointing: bool) -> int | None:
+    try:
+        dims = [int(shape[key]) for key in ("hidden_size", "intermediate_size", "num_hidden_layers")]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return decoder_activation_bytes(*dims, half=half, checkpointing=checkpointing)
+
+
+def decoder_activation_bytes(hidden: int, intermediate: int, layers: int, *, half: bool,
+                               checkpointing: bool = False) -> int:
+    """Bytes one forwarded position keeps for the backward in a decoder-only transformer (an estimate).
+
+    Per layer about ``11 x hidden + 4.5 x intermediate`` values: the two norms' inputs and outputs, the query, the
+    keys and values repeated to every attention head, the attention output, the MLP's gate, up, activation and
+    product, and the kernels' own saved statistics and workspaces. 4 bytes each in float32; 2.75 on average under
+    half-precision autocast (the norms, residual stream and softmax statistics stay float32). Under gradient checkpointing a layer keeps only its input, and one layer at a time
+    holds the rest during its recomputation.
+
+    Args:
+        hidden: The model's hidden size.
+        intermediate: The MLP's inner size.
+        layers: Decoder layers.
+        half: The matmuls run under bfloat16 / float16 autocast (or in half-precision weights).
+        checkpointing: Gradient checkpointing is on.
+    """
+    per_layer = (11 * hidden + 4.5 * intermediate) * (2.75 if half else 4.0)
+    if checkpointing:
+        return int(layers * hidden * 4 + per_layer)
+    return int(layers * per_layer)
 
 
 def _attention_kernel(pairs: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:

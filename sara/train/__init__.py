@@ -1,5 +1,5 @@
-"""Training: ``TrainConfig`` (config), the ``Learner`` (padding, log-probs, advantages, update, LR schedule) and the
-``Trainer`` (the loop: collect -> learn -> sync -> metrics -> eval -> checkpoint).
+"""Training: ``TrainConfig`` (config), ``make_batch`` (padding), the ``Learner`` (log-probs, advantages, update, LR
+schedule) and the ``Trainer`` (the loop: collect -> learn -> sync -> metrics -> eval -> checkpoint).
 
 Example:
     >>> from sara.train import TrainConfig, Trainer            # doctest: +SKIP
@@ -7,8 +7,9 @@ Example:
     ...     summary = trainer.train()
 """
 
+from sara.train.batch import Batch, make_batch
 from sara.train.config import EvalConfig, OptimConfig, TrainConfig, apply_overrides, load_config
-from sara.train.learner import Batch, Learner, lr_at, make_batch
+from sara.train.learner import Learner, lr_at
 from sara.train.trainer import RunSummary, Trainer, default_threads
 
 __all__ = [

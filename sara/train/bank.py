@@ -12,7 +12,7 @@ than a batch, that batch grows rather than waiting); the learner's micro-batches
 keep memory flat whatever the batch, and DS's ``max_oversample`` caps the surplus where it is made. A banked rollout
 carries the weights version that generated it (``Rollout.policy_version``), so the learner trains it with its
 generator's log-probs as old log-probs
-(``sara.train.learner.make_batch``: stale rows), as it does for the streaming driver's carried rollouts. The run's
+(``sara.train.batch.make_batch``: stale rows), as it does for the streaming driver's carried rollouts. The run's
 last step (or the one that spends the rollout budget) banks nothing (``flush``): no rollout is left untrained. A checkpoint holds the bank (``state_dict``: rollouts with their token ids and log-probs; prompts by pool
 index), so a run resumed from any checkpoint trains the same batches as the uninterrupted one.
 

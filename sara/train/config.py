@@ -72,11 +72,24 @@ class OptimConfig(SaraModel):
     """Passes over each collected batch, at most ``MAX_EPOCHS`` (None = the algorithm's suggestion, ``AlgoSpec.epochs``)."""
     minibatch_rollouts: int | None = Field(None, ge=1, le=MAX_STEP_ROLLOUTS)
     """Rollouts per optimizer step, at most ``MAX_STEP_ROLLOUTS`` (None = the whole batch: one optimizer step per epoch)."""
-    microbatch_tokens: int | None = Field(2048, ge=1, le=MAX_STEP_TOKENS)
+    microbatch_tokens: int | Literal["auto"] | None = "auto"
     """Most positions one forward pass runs (at most ``MAX_STEP_TOKENS``) (a shared prefix once, then every row's padded rest; see
     ``sara.train.microbatch``). A mini-batch is split into such micro-batches whose gradients are accumulated before
     its ONE optimizer step (the same step, loss normalisation included, as one forward), so activation memory stays
-    bounded however many groups a step trains. None = one forward per mini-batch."""
+    bounded however many groups a step trains. ``auto``: as many positions as keep one micro-batch's activations
+    within 1/24 of the memory the process may use, by what the policy says a position keeps (an HF model's shape and
+    compute dtype), else 2,048 (``sara.train.microbatch.microbatch_budget``). None = one forward per mini-batch."""
+
+    @field_validator("microbatch_tokens", mode="before")
+    @classmethod
+    def _budget(cls, v: object) -> object:
+        if v is None or v == "auto":
+            return v
+        n = int(v) if isinstance(v, (int, str)) and not isinstance(v, bool) and str(v).strip().isdigit() else None
+        if n is None or not 1 <= n <= MAX_STEP_TOKENS:
+            raise ValueError(f"a number of positions, at least 1 and less than or equal to {MAX_STEP_TOKENS}; or "
+                             "auto (sized from the model and the memory); or null (one forward per mini-batch)")
+        return n
 
 
 class EvalConfig(SaraModel):

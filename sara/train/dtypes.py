@@ -8,6 +8,10 @@ through the same config methods the components call when they are built (``HFPol
 float32; a factory named ``"module:attr"`` chooses its own dtype (not listed). Ray workers build the backend from the
 same options, so they resolve the same on a machine of the same kind.
 
+``run_microbatch(cfg)`` answers the same way for the learner's micro-batch budget (``optim.microbatch_tokens``,
+``auto`` sized from the model's shape read from its ``config.json`` and this machine's memory, as the built learner
+sizes it from the loaded model: ``sara.train.microbatch.microbatch_budget``).
+
 ``sara train`` prints these lines first (and ``--print-config`` as YAML comments); ``run_machine(cfg)`` is what a
 run's summary records under ``machine`` (``RunSummary.machine``: ``sara train --json``, ``sara matrix``'s
 ``result.json``).
@@ -23,7 +27,7 @@ from sara.machine import DtypeChoice, machine_info, machine_kind
 if TYPE_CHECKING:
     from sara.train.config import TrainConfig
 
-__all__ = ["dtype_lines", "run_dtypes", "run_machine"]
+__all__ = ["dtype_lines", "run_dtypes", "run_machine", "run_microbatch"]
 
 _POLICY_CONFIGS = {"hf": ("sara.policies.hf", "HFPolicyConfig")}
 """Policy factories whose options decide the learner's dtype: factory name -> (module, config class)."""
@@ -68,6 +72,24 @@ def run_dtypes(cfg: TrainConfig) -> dict[str, DtypeChoice]:
     if learner is not None:
         out["learner"] = learner
     return out
+
+
+def run_microbatch(cfg: TrainConfig) -> tuple[int | None, str]:
+    """``(positions or None, reason)`` the learner's micro-batch budget resolves to on this machine, before anything
+    is built (``auto`` with a policy whose activations are unknown here, e.g. a named model not prepared yet: the
+    fallback, and the reason says it is resolved when the model loads)."""
+    from sara.memory import device_memory_bytes
+    from sara.train.microbatch import microbatch_budget
+
+    want = cfg.optim.microbatch_tokens
+    policy_name, policy_options = cfg.component("policy")
+    per_token = None
+    if want == "auto" and policy_name in _POLICY_CONFIGS:
+        policy = _config(_POLICY_CONFIGS, policy_name, policy_options, f"policy '{policy_name}'")
+        per_token = policy.activation_bytes_per_token()
+        if per_token is None:
+            return None, "auto: sized when the model loads (its config.json is not on this machine yet)"
+    return microbatch_budget(want, per_token, device_memory_bytes(policy_options.get("device", "cpu")))
 
 
 def dtype_lines(choices: dict[str, DtypeChoice]) -> list[str]:

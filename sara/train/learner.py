@@ -29,14 +29,15 @@ import copy
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from sara.memory import device_memory_bytes
+from sara.train.batch import Batch, make_batch, rows_of
 from sara.train.config import OptimConfig
 from sara.train.heap import bound_heap, bound_kernel_caches, trim_heap
-from sara.train.microbatch import MicroBatch, plan_microbatches, shared_prefix
+from sara.train.microbatch import MicroBatch, microbatch_budget, plan_microbatches, shared_prefix
 from sara.train.prefix_grad import SharedPrefix
 
 if TYPE_CHECKING:
@@ -46,82 +47,7 @@ if TYPE_CHECKING:
     from sara.policies.base import Policy
     from sara.types import Group
 
-__all__ = ["Batch", "Learner", "lr_at", "make_batch"]
-
-
-@dataclass
-class Batch:
-    """The committed rollouts as padded tensors (``N`` rollouts, ``T`` full length, ``R`` response length)."""
-
-    tokens: Any  # TokenBatch over prompt + response [N, T]
-    resp_index: Any  # [N, R] positions of response tokens in the full sequence
-    response_mask: Any  # [N, R]
-    rewards: Any  # [N]
-    group_ids: Any  # [N]
-    gen_logprobs: Any  # [N, R] log-probs reported by the generator
-    stale: Any = None  # [N] bool: started under older weights than the learner's (banked, carried); None = none
-    prompt_lens: Any = None  # [N] prompt tokens per row (None: resp_index[:, 0])
-
-    def rows(self, idx: torch.Tensor) -> Batch:
-        """The sub-batch of rollouts ``idx`` (a mini-batch)."""
-        from sara.policies.base import TokenBatch
-
-        t = self.tokens
-        return Batch(TokenBatch(t.input_ids[idx], t.attention_mask[idx], t.response_mask[idx]), self.resp_index[idx],
-                     self.response_mask[idx], self.rewards[idx], self.group_ids[idx], self.gen_logprobs[idx],
-                     _rows(self.stale, idx), self.prompts()[idx])
-
-    def prompts(self) -> torch.Tensor:
-        """Prompt tokens per row ``[N]``."""
-        return cast("torch.Tensor", self.prompt_lens if self.prompt_lens is not None else self.resp_index[:, 0])
-
-
-def make_batch(groups: Sequence[Group], device: torch.device | str = "cpu", version: int | None = None) -> Batch | None:
-    """Pad prompt + response tokens of the rollouts of ``groups`` (grouped by id, any group size); None if empty.
-
-    With ``version`` (the weights the learner holds), a rollout generated under an older ``Rollout.policy_version``
-    (a banked group, a carried rollout) is marked ``stale`` (``Batch.stale``).
-
-    Raises:
-        RuntimeError: a rollout without prompt or completion token ids (the backend must return them).
-    """
-    import torch
-
-    from sara.policies.base import TokenBatch
-
-    rows = [(g.group_id, r) for g in groups for r in g.rollouts]
-    if not rows:
-        return None
-    pairs: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # each row's (prompt, completion) token ids
-    for _, r in rows:
-        if r.token_ids is None or r.prompt_token_ids is None:
-            raise RuntimeError("the backend must return prompt and completion token ids to train on them")
-        pairs.append((r.prompt_token_ids, r.token_ids))
-    lens_p, lens_r = [len(p) for p, _ in pairs], [len(c) for _, c in pairs]
-    n, t, big_r = len(rows), max(p + q for p, q in zip(lens_p, lens_r)), max(max(lens_r), 1)
-    ids = torch.zeros(n, t, dtype=torch.long)
-    attn = torch.zeros(n, t, dtype=torch.long)
-    gen_lp = torch.zeros(n, big_r)
-    for i, ((_, r), (prompt, completion)) in enumerate(zip(rows, pairs)):
-        seq = list(prompt) + list(completion)
-        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attn[i, : len(seq)] = 1
-        if r.logprobs:
-            gen_lp[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float32)
-    j = torch.arange(big_r)
-    resp_index = (torch.tensor(lens_p)[:, None] + j).clamp(max=t - 1)
-    resp_mask = (j[None, :] < torch.tensor(lens_r)[:, None]).float()
-    full_mask = torch.zeros(n, t)
-    full_mask.scatter_reduce_(1, resp_index, resp_mask, reduce="amax")  # clamped pad indices never unset a 1
-    tokens = TokenBatch(input_ids=ids.to(device), attention_mask=attn.to(device), response_mask=full_mask.to(device))
-    rewards = torch.tensor([r.reward for _, r in rows], dtype=torch.float32, device=device)
-    gids = torch.tensor([gid for gid, _ in rows], dtype=torch.long, device=device)
-    # a stale rollout without generator log-probs keeps the trainer's (nothing to correct with)
-    old = [version is not None and bool(r.logprobs) and r.policy_version is not None and r.policy_version < version
-           for _, r in rows]
-    stale = torch.tensor(old, dtype=torch.bool, device=device) if any(old) else None
-    return Batch(tokens, resp_index.to(device), resp_mask.to(device), rewards, gids, gen_lp.to(device), stale,
-                 torch.tensor(lens_p, dtype=torch.long, device=device))
+__all__ = ["Learner", "lr_at"]
 
 
 def lr_at(cfg: OptimConfig, optimizer_steps: int, horizon: int) -> float:
@@ -155,13 +81,16 @@ class Learner:
     def __init__(self, policy: Policy, algo: AlgoSpec, optim: OptimConfig, *, seed: int = 0, horizon: int = 1) -> None:
         import torch
 
-        from sara.policies.base import PrefixScorer
+        from sara.policies.base import PrefixScorer, SizesActivations
 
         bound_heap()  # freed activations go back to the OS at once, not to the heap's high-water mark
         bound_kernel_caches()  # a library user's process: effective if no matmul ran yet (the CLI sets it first)
         self.policy, self.algo, self.optim, self.seed, self.horizon = policy, algo, optim, seed, max(1, horizon)
         self.epochs = optim.epochs or algo.epochs
         self.shares_prefix = isinstance(policy, PrefixScorer)  # else: Policy.score, then a gather
+        per_token = policy.activation_bytes_per_token() if isinstance(policy, SizesActivations) else None
+        self.microbatch_tokens, self.microbatch_reason = microbatch_budget(optim.microbatch_tokens, per_token,
+                                                                           device_memory_bytes(self.device))
         self.reference = None
         if algo.needs_reference:  # a frozen copy of the starting policy
             self.reference = copy.deepcopy(policy)
@@ -247,10 +176,10 @@ class Learner:
             for lo in range(0, n, mb):
                 idx = torch.as_tensor(order[lo : lo + mb], device=b.rewards.device)
                 sub = b.rows(idx)
-                targets = {"advantages": advantages[idx], "returns": _rows(returns, idx),
-                           "old_logprobs": _rows(extra["old_logprobs"], idx),
-                           "ref_logprobs": _rows(extra["ref_logprobs"], idx), "old_values": _rows(extra["values"], idx)}
-                den = self.algo.loss_denominators(targets["advantages"], sub.response_mask, sub.group_ids)
+                targets = {"advantages": advantages[idx], "returns": rows_of(returns, idx),
+                           "old_logprobs": rows_of(extra["old_logprobs"], idx),
+                           "ref_logprobs": rows_of(extra["ref_logprobs"], idx), "old_values": rows_of(extra["values"], idx)}
+                den = self.algo.loss_denominators(advantages[idx], sub.response_mask, sub.group_ids)
                 self.optimizer.zero_grad(set_to_none=True)
                 outs = []
                 shared, plan = self._prepare(self.policy, sub)
@@ -298,8 +227,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------------ forwards
     def _plan(self, b: Batch, given: int = 0) -> list[MicroBatch]:
-        """``b``'s micro-batches (``plan_microbatches`` under ``optim.microbatch_tokens``, ``given`` tokens given)."""
-        return plan_microbatches(_prompts(b), b.tokens.attention_mask.sum(1).tolist(), self.optim.microbatch_tokens,
+        """``b``'s micro-batches (``plan_microbatches`` under ``microbatch_tokens``, ``given`` tokens given)."""
+        return plan_microbatches(_prompts(b), b.tokens.attention_mask.sum(1).tolist(), self.microbatch_tokens,
                                  share=self.shares_prefix, given=given)
 
     def shared_length(self, b: Batch) -> int:
@@ -345,22 +274,19 @@ class Learner:
         from sara.algos import LossInputs
 
         sub = b if rows is None else b.rows(rows)
-        old = _rows(targets["old_logprobs"], rows)
+        old = rows_of(targets["old_logprobs"], rows)
         return LossInputs(
-            logprobs=out.logprobs, advantages=_rows(targets["advantages"], rows), response_mask=sub.response_mask,
+            logprobs=out.logprobs, advantages=targets["advantages"] if rows is None else targets["advantages"][rows],
+            response_mask=sub.response_mask,
             old_logprobs=_behaviour(out.logprobs.detach(), sub) if old is None else old,
-            ref_logprobs=_rows(targets["ref_logprobs"], rows), entropy=out.entropy, values=out.values,
-            old_values=_rows(targets["old_values"], rows), returns=_rows(targets["returns"], rows),
+            ref_logprobs=rows_of(targets["ref_logprobs"], rows), entropy=out.entropy, values=out.values,
+            old_values=rows_of(targets["old_values"], rows), returns=rows_of(targets["returns"], rows),
             group_ids=sub.group_ids)
 
 
 def _prompts(b: Batch) -> list[tuple[int, ...]]:
     """Each row's prompt token ids."""
     return [tuple(row[:p]) for row, p in zip(b.tokens.input_ids.tolist(), b.prompts().tolist())]
-
-
-def _rows(x: Any, idx: Any) -> Any:
-    return x if x is None or idx is None else x[idx]
 
 
 def _assemble(outs: Sequence[tuple[Any, Any]], n: int) -> Any:

@@ -15,16 +15,32 @@ longer than the budget is a micro-batch of its own). Without prefix sharing the 
 When the prefix EVERY row shares (``shared_prefix``) is forwarded once for the whole mini-batch and its keys / values
 given to each micro-batch (``PrefixScorer.prefix_kv``; ``plan_microbatches(..., given=...)``), a micro-batch forwards
 only the part of its own prefix beyond it: ``prefix - given + rows x (width - prefix)`` positions.
+
+The budget itself (``OptimConfig.microbatch_tokens``) is ``auto`` by default: ``microbatch_budget`` sizes it from what
+one forwarded position keeps for the backward (which a policy reports through
+``sara.policies.base.SizesActivations``, e.g. from its model's shape and compute dtype) so that one micro-batch's
+activations take at most ``1 / ACTIVATION_SHARE`` of the memory the process may use (the machine's, or the CUDA device's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-__all__ = ["CALL_OVERHEAD_TOKENS", "MicroBatch", "plan_microbatches", "shared_prefix"]
+__all__ = ["ACTIVATION_SHARE", "CALL_OVERHEAD_TOKENS", "FALLBACK_MICROBATCH_TOKENS", "MIN_AUTO_MICROBATCH_TOKENS",
+           "MicroBatch", "microbatch_budget", "microbatch_line", "plan_microbatches", "shared_prefix"]
+
+ACTIVATION_SHARE = 24
+"""``microbatch_tokens: auto`` keeps one micro-batch's activations within this fraction (1/24) of the memory the
+process may use: 1 GiB of a 24 GiB machine, so that two runs fit side by side with their weights, optimizer state,
+generating copy and libraries."""
+FALLBACK_MICROBATCH_TOKENS = 2048
+"""``auto``'s budget where the policy does not report its activations per position, or the memory is unknown."""
+MIN_AUTO_MICROBATCH_TOKENS = 256
+"""``auto`` never plans micro-batches smaller than this (a row longer than the budget is a micro-batch anyway)."""
 
 CALL_OVERHEAD_TOKENS = 128
 """What one more forward call costs, in forwarded positions: per-call work that does not scale with the tokens (op
@@ -142,3 +158,36 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def microbatch_budget(want: int | Literal["auto"] | None, per_token: int | None, memory: int | None
+                      ) -> tuple[int | None, str]:
+    """``OptimConfig.microbatch_tokens`` resolved: the budget and why.
+
+    Args:
+        want: The config's value: a number of positions, None (one forward per mini-batch) or ``"auto"``.
+        per_token: What one forwarded position keeps for the backward, in bytes (``SizesActivations``; None:
+            unknown).
+        memory: The memory the process may use, in bytes (None: unknown).
+
+    Returns:
+        ``(positions or None, reason)``; ``auto`` gives ``memory / ACTIVATION_SHARE / per_token`` positions, at
+        least ``MIN_AUTO_MICROBATCH_TOKENS``, or ``FALLBACK_MICROBATCH_TOKENS`` when either is unknown.
+    """
+    if want is None:
+        return None, "one forward per mini-batch (microbatch_tokens: null)"
+    if want != "auto":
+        return int(want), "set in the config"
+    if not per_token or not memory:
+        return FALLBACK_MICROBATCH_TOKENS, ("auto: the policy does not say what a position's activations take, "
+                                            f"{FALLBACK_MICROBATCH_TOKENS}")
+    tokens = max(MIN_AUTO_MICROBATCH_TOKENS, memory // ACTIVATION_SHARE // per_token)
+    return int(tokens), (f"auto: {per_token / 2**20:.2f} MiB of activations a position, 1/{ACTIVATION_SHARE} of "
+                         f"{memory / 2**30:.1f} GiB")
+
+
+def microbatch_line(tokens: int | None, reason: str) -> str:
+    """What ``sara train`` prints about the budget: ``learner micro-batches: at most N positions (why)``."""
+    if tokens is None:
+        return f"learner micro-batches: {reason}"
+    return f"learner micro-batches: at most {tokens:,} positions ({reason})"

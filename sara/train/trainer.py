@@ -34,6 +34,7 @@ from sara.train.config import TrainConfig, default_threads, planned_optimizer_st
 from sara.train.flops import FlopFloor
 from sara.train.guards import VerifierHealth, check_finite, check_step_limit
 from sara.train.learner import Learner
+from sara.train.microbatch import microbatch_line
 from sara.train.progress import StepProgress
 from sara.train.resume import check_resume
 from sara.train.reweight import Advantages, weigh_advantages
@@ -101,6 +102,8 @@ class Trainer:
         epochs = cfg.optim.epochs or self.algo.epochs
         self.learner = Learner(self.policy, self.algo, cfg.optim, seed=cfg.seed, horizon=planned_optimizer_steps(
             cfg.steps, cfg.groups_per_step, cfg.k, epochs, cfg.optim.minibatch_rollouts))
+        if verbose:
+            print(microbatch_line(self.learner.microbatch_tokens, self.learner.microbatch_reason), flush=True)
         self.floor = FlopFloor.of_policy(self.policy)  # the FLOPs the run's work cannot avoid (sara.train.flops)
         self.backend = backend_factory(self.policy, backend_options, task=self.task, seed=cfg.seed)
         sampling = SamplingConfig(temperature=cfg.temperature,
