@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, 
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
-__all__ = ["MAX_SEED", "MAX_STEPS", "MIN_TEMPERATURE", "SaraModel", "SaraError", "ConfigError", "parse_spec", "validate_config"]
+__all__ = ["MAX_SEED", "MAX_STEPS", "MIN_TEMPERATURE", "SaraModel", "SaraError", "ConfigError", "check_spec_k", "parse_spec", "validate_config"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -116,6 +116,25 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
             raise ConfigError(f"spec {spec!r}: option {key!r} given twice")
         kwargs[key] = value.strip()
     return name, kwargs
+
+
+def check_spec_k(spec: str, options: Mapping[str, str], k: int, *, what: str) -> None:
+    """The one rule for a ``k`` inside an allocator's or sampler's spec: the group size has one source, the run's
+    ``k``; a spec may repeat it, never differ from it.
+
+    Args:
+        spec: The spec as given (named in the error).
+        options: Its parsed options (``parse_spec``).
+        k: The run's group size.
+        what: ``"allocator"`` or ``"sampler"``.
+
+    Raises:
+        ConfigError: the spec's ``k`` is not the run's.
+    """
+    given = str(options.get("k", k)).strip()
+    if given != str(int(k)):
+        raise ConfigError(f"{what} {spec!r}: field 'k': {given} disagrees with the run's k={int(k)}; drop k from the "
+                          f"{what} spec (the group size comes from the training config's k)")
 
 
 def validate_config(model: type[M], data: Mapping[str, Any], *, what: str) -> M:

@@ -97,3 +97,25 @@ def test_errors_name_the_field():
         build_allocation("sara:k=8", "uniform", k=K, pool_size=10)
     with pytest.raises(ConfigError, match="covers 5 prompts"):
         build_allocation("ds", UniformSampler(5), k=K, prompts=_prompts())
+
+
+def test_k_has_one_rule_wherever_a_spec_repeats_it():
+    """A ``k`` inside an allocator's or a sampler's spec may repeat the run's, never differ: the same check and the
+    same message from the training config, the builder, ``make_allocator`` and ``make_sampler``."""
+    from sara.allocators import make_allocator
+    from sara.samplers import make_sampler
+    from sara.train.config import TrainConfig
+
+    messages = []
+    for call in (lambda: TrainConfig(allocator="sara:k=5", k=K),
+                 lambda: TrainConfig(sampler="predictive:k=5", k=K),
+                 lambda: build_allocation("sara:k=5", "uniform", k=K, pool_size=10),
+                 lambda: build_allocation("sara", "predictive:k=5", k=K, pool_size=10),
+                 lambda: make_allocator("ds:k=5", k=K),
+                 lambda: make_sampler("predictive:k=5", 10, k=K)):
+        with pytest.raises((ConfigError, ValueError)) as err:
+            call()
+        messages.append(str(err.value))
+    assert all(f"field 'k': 5 disagrees with the run's k={K}; drop k from the" in m for m in messages), messages
+    assert make_allocator(f"ds:k={K}", k=K).k == K  # repeating the run's k is allowed
+    assert TrainConfig(allocator=f"sara:k={K}", k=K).allocator == f"sara:k={K}"

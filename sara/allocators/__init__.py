@@ -27,7 +27,7 @@ from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
 from sara.allocators.sara import SARAAllocator, SARAConfig
 from sara.allocators.sequential import SequentialAllocator, SequentialConfig
 from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingConfig, UniformAllocator
-from sara.config import ConfigError, validate_config
+from sara.config import ConfigError, check_spec_k, validate_config
 from sara.priors.posteriors import p_effective
 from sara.registry import Registry, subclass_of
 from sara.types import Decision
@@ -100,9 +100,7 @@ def allocator_config(spec: str, *, k: int | None = None,
     if not (isinstance(cls, type) and issubclass(cls, BudgetAllocator)):
         raise ConfigError(f"{spec!r} does not name a BudgetAllocator subclass")
     if k is not None:
-        if "k" in options and options["k"].strip() != str(int(k)):
-            raise ConfigError(f"allocator {spec!r}: field 'k': {options['k']} disagrees with the run's k={k}; drop k "
-                              "from the allocator spec (the group size comes from the training config's k)")
+        check_spec_k(spec, options, k, what="allocator")
         defaults["k"] = int(k)
     known = cls.Config.model_fields
     merged: dict[str, object] = {key: v for key, v in defaults.items() if key in known}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sara.config import ConfigError
+from sara.config import ConfigError, check_spec_k
 from sara.registry import Registry, subclass_of
 from sara.samplers.base import PromptSampler, UniformSampler, UniformSamplerConfig
 
@@ -42,9 +42,7 @@ def make_sampler(spec: str | PromptSampler, pool_size: int, *, seed: int = 0, k:
         raise ConfigError(f"sampler {spec!r} does not name a PromptSampler subclass")
     kwargs: dict[str, object] = dict(options)
     if k is not None and cls.takes_k:
-        if "k" in options and int(options["k"]) != int(k):
-            raise ConfigError(f"sampler {spec!r}: field 'k': {options['k']} disagrees with the run's k={k}; drop k "
-                              "from the sampler spec (the group size comes from the training config)")
+        check_spec_k(spec, options, k, what="sampler")
         kwargs["k"] = int(k)
     if allocator_population is not None and cls.takes_population:
         kwargs["allocator_population"] = allocator_population

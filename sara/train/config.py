@@ -20,6 +20,7 @@ from sara.config import (
     MIN_TEMPERATURE,
     ConfigError,
     SaraModel,
+    check_spec_k,
     parse_spec,
     validate_config,
 )
@@ -267,10 +268,12 @@ class TrainConfig(SaraModel):
                 raise ValueError(f"field '{field}': {exc}") from None
         for field in ("policy", "backend"):
             self.component(field)  # type: ignore[arg-type]
-        for field, options in (("allocator", parse_spec(self.allocator)[1]), ("sampler", parse_spec(self.sampler)[1])):
-            if "k" in options and options["k"].strip() != str(self.k):
-                raise ValueError(f"field '{field}': sets k={options['k']} but the run's k is {self.k}; drop k from "
-                                 f"the {field} spec (the group size comes from the field 'k')")
+        for field in ("allocator", "sampler"):
+            spec = getattr(self, field)
+            try:
+                check_spec_k(spec, parse_spec(spec)[1], self.k, what=field)
+            except ConfigError as exc:
+                raise ValueError(f"field '{field}': {exc}") from None
         rollouts = self.k * self.groups_per_step
         if rollouts > MAX_STEP_ROLLOUTS:
             raise ValueError(f"field 'groups_per_step': k x groups_per_step = {rollouts:,} rollouts a step, more than "
