@@ -147,6 +147,21 @@ def test_a_rerun_must_plan_the_same_runs(tmp_path):
         claim_plan(tmp_path, [("c", c["seed"], c) for c in _cfgs(tmp_path, 3, lr=0.1)])
 
 
+def test_a_rerun_may_change_only_where_or_how_fast_its_runs_go(tmp_path):
+    """Fields of ``store.VOLATILE`` (threads, the micro-batch budget) split the same runs differently: a rerun that
+    changes them finishes the same matrix and keeps its finished runs; any other field is still refused."""
+    cfgs = _cfgs(tmp_path, 2, lr=0.1, threads=1, optim={"lr": 0.1, "microbatch_tokens": 2048})
+    assert claim_plan(tmp_path, [("c", c["seed"], c) for c in cfgs]) == 0
+    save_result(cfgs[0], {"seed": 0, "acc_after": 0.5})
+    moved = [{**c, "threads": 2, "optim": {"lr": 0.1, "microbatch_tokens": "auto"}} for c in cfgs]
+    assert claim_plan(tmp_path, [("c", c["seed"], c) for c in moved]) == 1  # the finished run counts
+    assert finished_result(moved[0]) == {"seed": 0, "acc_after": 0.5}
+    assert finished_result({**moved[0], "seed": 5}) is None  # another seed's result is not this run's
+    relearn = [{**c, "optim": {"lr": 0.2, "microbatch_tokens": "auto"}} for c in moved]
+    with pytest.raises(ConfigError, match=r"field 'optim.lr' was 0.1, now 0.2"):
+        claim_plan(tmp_path, [("c", c["seed"], c) for c in relearn])
+
+
 def test_a_result_counts_only_for_its_own_config(tmp_path):
     (cfg,) = _cfgs(tmp_path, 1, lr=0.1)
     assert finished_result(cfg) is None

@@ -120,6 +120,19 @@ def test_resume_notes_the_fields_it_may_change(one_step, capsys):
     assert "sara: note: --resume: field 'eval.num_prompts' changed from 4 to 2" in err
 
 
+def test_resume_notes_a_changed_micro_batch_budget_and_still_refuses_the_rest_of_optim(one_step, capsys):
+    """The micro-batch budget splits the same update into forwards (``resume.SPLITS``): a run checkpointed under one
+    budget resumes under another with a note; a change elsewhere in ``optim`` is refused all the same."""
+    capsys.readouterr()
+    with Trainer(TrainConfig(**{**TINY, "steps": 1, "optim": {"microbatch_tokens": 64}, "out_dir": str(one_step)}),
+                 resume=True) as t:
+        assert t.step == 1
+    assert "field 'optim.microbatch_tokens' changed from 'auto' to 64" in capsys.readouterr().err
+    cfg = TrainConfig(**{**TINY, "steps": 2, "optim": {"microbatch_tokens": 64, "lr": 1e-3}, "out_dir": str(one_step)})
+    with pytest.raises(ConfigError, match=r"--resume: field 'optim.lr' is"):
+        Trainer(cfg, resume=True)
+
+
 def test_cli_resume_with_a_changed_allocator_is_one_line(one_step, tmp_path, run_cli):
     import yaml
 

@@ -64,9 +64,20 @@ def _first_difference(old: Any, new: Any, path: str = "") -> str:
     return f"field '{path}' was {json.dumps(old)}, now {json.dumps(new)}"
 
 
+def _results_view(plan: Any) -> Any:
+    """A plan with each run's config reduced to what decides its results (``store.without_volatile``)."""
+    from sara.experiments.store import without_volatile
+
+    if not isinstance(plan, dict) or not isinstance(plan.get("runs"), list):
+        return plan
+    return {**plan, "runs": [{**r, "config": without_volatile(r["config"])} if isinstance(r, dict) and
+                             isinstance(r.get("config"), dict) else r for r in plan["runs"]]}
+
+
 def claim_plan(out: str | Path, runs: Sequence[tuple[str, int, Mapping[str, Any]]]) -> int:
     """Record the matrix's runs in ``<out>/matrix-plan.json``, or check that an unfinished matrix there planned the
-    same ones; returns how many of them finished earlier.
+    same ones (fields that change only where or how fast a run goes, ``store.VOLATILE``, may differ: the plan is
+    rewritten); returns how many of them finished earlier.
 
     Args:
         out: The matrix's output directory (locked by the caller).
@@ -83,7 +94,9 @@ def claim_plan(out: str | Path, runs: Sequence[tuple[str, int, Mapping[str, Any]
             old = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):  # unreadable, torn or nested past the parser: damaged
             old = None
-        if old != plan:
+        if old != plan and _results_view(old) == _results_view(plan):  # only where or how fast the runs go changed
+            atomic_write(path, lambda fh: fh.write((json.dumps(plan, indent=1) + "\n").encode()))
+        elif old != plan:
             if not isinstance(old, dict) or [(r.get("cell"), r.get("seed")) for r in old.get("runs", [])] != [
                     (r["cell"], r["seed"]) for r in plan["runs"]]:
                 why = "other cells or seeds"
@@ -118,13 +131,19 @@ def runs_in_progress(out: str | Path) -> str:
 
 
 def finished_result(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The measures a finished run left in ``<out_dir>/result.json``, or None (unfinished, or another config's)."""
+    """The measures a finished run left in ``<out_dir>/result.json``, or None (unfinished, or another config's: one
+    that differs in more than where or how fast it ran, ``store.VOLATILE``, or in its seed)."""
+    from sara.experiments.store import without_volatile
+
     try:
         data = json.loads((Path(cfg["out_dir"]) / RESULT_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # unreadable, torn or nested past the parser: unfinished
         return None
-    ok = isinstance(data, dict) and data.get("config") == _jsonable(cfg) and isinstance(data.get("result"), dict)
-    return data["result"] if ok else None
+    if not (isinstance(data, dict) and isinstance(data.get("config"), dict) and isinstance(data.get("result"), dict)):
+        return None
+    same = (without_volatile(data["config"]) == without_volatile(cfg)
+            and data["config"].get("seed") == _jsonable(cfg).get("seed"))
+    return data["result"] if same else None
 
 
 def save_result(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:

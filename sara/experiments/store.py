@@ -28,7 +28,7 @@ from typing import Any
 from sara.config import ConfigError
 from sara.storage import atomic_write
 
-__all__ = ["FORMAT", "MARK", "VOLATILE", "DROPPED", "ResultStore", "store_view", "config_hash", "record_hash", "sara_version",
+__all__ = ["FORMAT", "MARK", "VOLATILE", "DROPPED", "ResultStore", "store_view", "config_hash", "record_hash", "sara_version", "without_volatile",
            "sara_commit", "store_report"]
 
 FORMAT = 1
@@ -80,8 +80,8 @@ def _drop(cfg: Mapping[str, Any], dotted: str) -> None:
 def store_view(cfg: Mapping[str, Any], base_sampler: str) -> dict[str, Any]:
     """``cfg`` (a run's ``TrainConfig`` dump) as the matrix's shared config: without ``VOLATILE`` fields, ``algo``
     and ``allocator``, and with the matrix's own sampler ``base_sampler`` (a cell's ``@SAMPLER`` is the cell's)."""
-    view = json.loads(json.dumps(dict(cfg), default=str))
-    for key in (*VOLATILE, "algo", "allocator"):
+    view = without_volatile(cfg)
+    for key in ("algo", "allocator"):
         _drop(view, key)
     view["sampler"] = base_sampler
     return view
@@ -94,14 +94,17 @@ def record_hash(rec: Mapping[str, Any]) -> str:
     return str(rec.get("config_hash")) if view is None else config_hash(view)
 
 
-def _record_view(rec: Mapping[str, Any]) -> dict[str, Any] | None:
-    cfg = rec.get("config")
-    if not isinstance(cfg, dict):
-        return None
-    view: dict[str, Any] = json.loads(json.dumps(cfg))
+def without_volatile(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``cfg`` (a ``TrainConfig`` dump) without the ``VOLATILE`` fields: what decides a run's results."""
+    view: dict[str, Any] = json.loads(json.dumps(dict(cfg), default=str))
     for key in VOLATILE:
         _drop(view, key)
     return view
+
+
+def _record_view(rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    cfg = rec.get("config")
+    return without_volatile(cfg) if isinstance(cfg, dict) else None
 
 
 def config_hash(view: Mapping[str, Any]) -> str:

@@ -5,8 +5,9 @@ validates every part of it against the freshly built trainer before any of it is
 
 1. The configuration (``compare_config``): a run continues with the checkpoint's task, policy, algorithm,
    allocator, sampler, group size, batch, surplus mode, seed and optimizer (``KEPT``); a change of one of them is a
-   one-line ``ConfigError`` naming the field (the state would not mean what the config says). Other fields may
-   change (``steps``, ``eval``, ``checkpoint_every``, ...); each change is printed as a note.
+   one-line ``ConfigError`` naming the field (the state would not mean what the config says), except the fields of
+   ``SPLITS`` (the micro-batch budget), which only split the same update differently. Other fields may change
+   (``steps``, ``eval``, ``checkpoint_every``, ...); each change is printed as a note.
 2. The state (``validate_state``): the same keys as the fresh trainer's ``state_dict`` wherever it has them; whole
    non-negative integers where counts, steps and indices go; finite numbers; the step the file name says; pool
    indices and sampler positions inside the pool; the policy's tensors with the fresh policy's names, shapes and
@@ -48,13 +49,16 @@ if TYPE_CHECKING:
     from sara.samplers.base import PromptSampler
     from sara.train.config import TrainConfig
 
-__all__ = ["KEPT", "check_resume", "compare_config", "validate_state"]
+__all__ = ["KEPT", "SPLITS", "check_resume", "compare_config", "validate_state"]
 
 KEPT = ("task", "policy", "policy_options", "algo", "allocator", "sampler", "k", "groups_per_step", "surplus", "seed",
         "optim")
 """Fields a resumed run must share with its checkpoint: the state was built under them."""
 QUIET = ("progress", "tensorboard", "threads", "out_dir")
 """Fields whose change is not even noted."""
+SPLITS = ("optim.microbatch_tokens",)
+"""Fields inside ``KEPT`` ones that only split the same computation differently (the micro-batch budget cuts one loss
+and gradient into forwards): a change is noted, never refused."""
 TOTALS = ("rollouts", "tokens", "abandoned_tokens", "committed_groups", "effective_groups", "verifier_errors",
           "verifier_timeouts", "committed_tokens", "discarded_tokens", "aborted_tokens", "prompt_tokens",
           "trained_tokens", "seconds_collect", "seconds_advantages", "seconds_update", "seconds_sync", "peak_rss_mb",
@@ -92,6 +96,15 @@ def compare_config(saved: object, config: TrainConfig, path: Path) -> list[str]:
         raise CheckpointError(f"checkpoint {path}: malformed state (no config mapping)")
     now = config.model_dump(mode="json")
     notes = []
+    saved = copy.deepcopy(dict(saved))
+    for dotted in SPLITS:  # compared alone, then left out of their KEPT field's comparison
+        head, _, key = dotted.partition(".")
+        old_part, new_part = saved.get(head), now.get(head)
+        if isinstance(old_part, dict) and isinstance(new_part, dict) and key in old_part:
+            before, after = old_part.pop(key), new_part.pop(key, None)
+            if before != after:
+                notes.append(f"--resume: field '{dotted}' changed from {before!r} to {after!r}; the run continues "
+                             f"with {after!r} (it splits the same update into forwards)")
     for field in now:
         if field not in saved or field in QUIET:
             continue
