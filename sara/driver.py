@@ -191,7 +191,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         run.abort_on_failure(carry)
         raise
     handed = run.hand_on(lag) if lag else None  # before end_step closes the open units
-    run.abort_units(np.unique(np.fromiter((u for u, _ in run.live.values()), np.int64, count=len(run.live))))
+    run.abort_units(run.units())
     with timer("allocator"):
         closed = allocator.end_step()
     st.close(*closed)
@@ -231,8 +231,7 @@ def _fill(run: InFlight, waiting: np.ndarray, cap: int, limit: int, *, keep_othe
     carry-over, ``keep_others``, it keeps running and dispatching), start their missing rollouts, poll. False when
     nothing is left to wait for (the budget is spent)."""
     if not keep_others:
-        run.abort_units(np.setdiff1d(np.fromiter((u for u, _ in run.live.values()), np.int64, count=len(run.live)),
-                                     waiting))
+        run.abort_units(np.setdiff1d(run.units(), waiting))
     free = min(cap - len(run.live), limit - run.started)
     with run.st.timer("allocator"):
         ids = run.allocator.dispatch(free, only=None if keep_others else waiting)

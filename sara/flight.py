@@ -63,6 +63,10 @@ class InFlight:
         self.started = self.aborted = self.aborted_tokens = self.polls = self.inflight_sum = 0
         self.carried_in = self.carried_out = 0
 
+    def units(self) -> np.ndarray:
+        """The distinct unit ids with a rollout in flight (sorted)."""
+        return np.unique(np.fromiter((u for u, _ in self.live.values()), np.int64, count=len(self.live)))
+
     def take(self, carry: StreamCarry) -> None:
         """Re-admit the previous step's carried units (before any fresh prompt) and adopt their running rollouts."""
         st = self.st

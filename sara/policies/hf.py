@@ -321,8 +321,8 @@ def decoder_activation_bytes(hidden: int, intermediate: int, layers: int, *, hal
     Per layer about ``11 x hidden + 4.5 x intermediate`` values: the two norms' inputs and outputs, the query, the
     keys and values repeated to every attention head, the attention output, the MLP's gate, up, activation and
     product, and the kernels' own saved statistics and workspaces. 4 bytes each in float32; 2.75 on average under
-    half-precision autocast (the norms, residual stream and softmax statistics stay float32). Under gradient checkpointing a layer keeps only its input, and one layer at a time
-    holds the rest during its recomputation.
+    half-precision autocast (the norms, residual stream and softmax statistics stay float32). Under gradient
+    checkpointing a layer keeps only its input, and one layer at a time holds the rest during its recomputation.
 
     Args:
         hidden: The model's hidden size.
