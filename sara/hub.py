@@ -152,6 +152,30 @@ def is_prepared(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MARKER).is_file() and verify_directory(Path(path) / MARKER)
 
 
+def model_shape(model: str, cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+    """A model's ``config.json`` (its shape: layers, heads, sizes) read without loading the model or preparing it.
+
+    Args:
+        model: A name in ``MODELS`` or a local HF model directory.
+        cache_dir: Cache root for named models.
+
+    Returns:
+        The parsed config, or None: a named model not prepared yet, an unknown name, an unreadable config.
+    """
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        if model not in MODELS:
+            return None
+        path = model_dir(model, cache_dir)
+        if not is_prepared(path):
+            return None
+    try:
+        shape = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return shape if isinstance(shape, dict) else None
+
+
 def resolve_model(model: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Turn a model spec into a local HF model directory.
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from sara.envs.base import GenerationBackend
 from sara.registry import Registry, returns
 
-__all__ = ["BACKENDS", "PrefixCached", "ReleasesStale", "make_backend"]
+__all__ = ["BACKENDS", "BoundsKV", "PrefixCached", "ReleasesStale", "make_backend"]
 
 
 @runtime_checkable
@@ -38,6 +38,14 @@ class ReleasesStale(Protocol):
     stale: the trainer releases it when an update starts, so that it is not held under the update's memory peak."""
 
     def release_stale(self) -> None: ...
+
+
+@runtime_checkable
+class BoundsKV(Protocol):
+    """A backend whose decode batch is bounded by a KV-cache budget sized from the model and memory
+    (``sara.backends.hf_budget``); a run prints the bound it resolved to."""
+
+    def kv_line(self) -> str: ...
 
 BACKENDS: Registry[Callable[..., Any]] = Registry(
     "generation backend", accepts=returns(GenerationBackend),

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
+from sara.backends.hf_budget import KVBudget, chunk_rows, kv_budget, kv_bytes_per_position
 from sara.backends.hf_cache import fill_from_end, with_spare
 from sara.backends.hf_packed import pack_linears, release_packed
 from sara.backends.hf_rows import Row
@@ -69,6 +70,10 @@ class HFBackendConfig(SaraModel):
     """Rows (completions) decoded together, at most 4096: larger rounds are split into chunks of whole requests, and
     the streaming loop (``submit`` / ``poll``, ``sara.backends.hf_stream``) decodes at most this many (the engine's
     capacity, ``slots``)."""
+    kv_cache_gib: Annotated[float, Field(gt=0)] | Literal["auto"] = "auto"
+    """GiB one batch's KV cache may take (rows x padded positions, ``sara.backends.hf_budget``): rounds are cut into
+    chunks that fit and the streaming loop admits only rows that fit; ``auto``: 1/8 of the memory the process may use
+    (the machine's, or the CUDA device's)."""
     share_policy: bool = False
     """Generate with the trainer's policy module itself (no copy, weight sync is free, but generation runs in the
     policy's dtype); otherwise the backend holds its own copy in ``dtype`` and ``update_weights`` copies the state."""
@@ -89,6 +94,18 @@ class HFBackendConfig(SaraModel):
     def dtype_choice(self) -> DtypeChoice:
         """The generating copy's dtype on ``device`` and why (``auto`` resolved by ``sara.machine``)."""
         return resolve_dtype(self.dtype, self.device)
+
+    def kv_budget(self, shape: Mapping[str, Any] | None = None, dtype: str | None = None) -> KVBudget:
+        """``kv_cache_gib`` resolved on this machine for the model of ``shape`` (its ``config.json``; default: read
+        from ``model``'s directory without loading it, no bound when it is not there yet) cached in ``dtype``
+        (default: ``dtype_choice``)."""
+        from sara.hub import model_shape
+        from sara.memory import device_memory_bytes
+
+        shape = model_shape(self.model, self.cache_dir) if shape is None else shape
+        element = DTYPES.get(dtype or self.dtype_choice().name, torch.float32).itemsize
+        return kv_budget(self.kv_cache_gib, None if shape is None else kv_bytes_per_position(shape, element),
+                         device_memory_bytes(self.device))
 
 
 class HFBackend:
@@ -112,6 +129,7 @@ class HFBackend:
         model, tokenizer = self.model, self.tokenizer
         self.compute = weights_choice(model, None, "the policy's own module (share_policy)") if self.config.share_policy \
             else weights_choice(model, self.config.dtype_choice(), "the given module's weights")
+        self.kv = self.config.kv_budget(model.config.to_dict(), self.compute.name)  # bounds both decode loops
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
         self.pad_id = int(pad)
@@ -153,7 +171,7 @@ class HFBackend:
         self.model.eval()
         started: dict[int, int] = {}  # id(row) -> weights version of its chunk's prefill (its first token's logits)
         try:
-            for chunk in self._chunks(rows):
+            for chunk in chunk_rows(rows, self.config.max_batch_size, self.kv):
                 self._between_steps()
                 started.update((id(r), self.version) for r in chunk)
                 self._generate_chunk(chunk, sampling)
@@ -169,29 +187,6 @@ class HFBackend:
                 policy_version=started[id(row)]))
             self.tokens_generated += len(row.tokens)
         return out
-
-    def _chunks(self, rows: list[Row]) -> list[list[Row]]:
-        """Split rows into chunks of at most ``max_batch_size``, keeping a request's rows together when they fit."""
-        size = self.config.max_batch_size
-        chunks: list[list[Row]] = []
-        cur: list[Row] = []
-        i = 0
-        while i < len(rows):
-            j = i
-            while j < len(rows) and rows[j].request == rows[i].request:
-                j += 1
-            group = rows[i:j]
-            if cur and len(cur) + len(group) > size:
-                chunks.append(cur)
-                cur = []
-            while len(group) > size:
-                chunks.append(group[:size])
-                group = group[size:]
-            cur.extend(group)
-            i = j
-        if cur:
-            chunks.append(cur)
-        return chunks
 
     @torch.inference_mode()
     def _generate_chunk(self, rows: list[Row], sampling: SamplingConfig) -> None:
@@ -314,7 +309,7 @@ class HFBackend:
         if self._stream is None:
             from sara.backends.hf_stream import HFStreamEngine
 
-            self._stream = HFStreamEngine(self, self.slots)
+            self._stream = HFStreamEngine(self, self.slots, self.kv)
         self._stream.submit(items, sampling)
 
     def poll(self, timeout: float | None = None) -> list[tuple[int, Completion]]:
@@ -364,6 +359,10 @@ class HFBackend:
             self.prefix_cache.reset()
         if self.shared_prefix is not None:
             self.shared_prefix.reset()
+
+    def kv_line(self) -> str:
+        """``BoundsKV``: the KV-cache budget both decode loops keep, in words (a run's first lines)."""
+        return self.kv.line()
 
     def release_stale(self) -> None:
         """``ReleasesStale``: forget the cached prompt prefills and the packed weight copies (``hf_packed``, packed

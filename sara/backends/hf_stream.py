@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sara.backends.hf_budget import KVBudget
 from sara.backends.hf_cache import fill_from_end, join_rows, trim_front, with_spare
 from sara.backends.hf_prefix import left_pad
 from sara.backends.hf_rows import DecodeHost, Row
@@ -67,15 +68,18 @@ class HFStreamEngine:
     Args:
         backend: The owning backend (model, tokenizer, EOS / pad ids, weights version, ``_sample``).
         slots: Completions decoded together at full occupancy.
+        kv: The KV-cache budget (``sara.backends.hf_budget``): a queued row is admitted only while the running batch,
+            the newcomers and the room they decode into fit; default no bound.
 
     Attributes:
         decode_steps: Decode forwards run so far (one per step with a non-empty batch).
         prefills: Prefill forwards run so far (one per step that admitted newcomers).
     """
 
-    def __init__(self, backend: DecodeHost, slots: int) -> None:
+    def __init__(self, backend: DecodeHost, slots: int, kv: KVBudget | None = None) -> None:
         self.backend = backend
         self.slots = int(slots)
+        self.kv = kv or KVBudget(None, "no bound")
         self.queue: deque[_Slot] = deque()  # submitted, not yet admitted (FIFO)
         self.rows: list[_Slot] = []  # the running batch, in batch order
         self.done: list[_Slot] = []  # finished since the last poll (cap-0 requests land here at submit)
@@ -144,9 +148,8 @@ class HFStreamEngine:
     @torch.inference_mode()
     def _step(self) -> None:
         """Admit newcomers, sample one token per row, retire finished rows, forward the rest one step."""
-        free = self.slots - len(self.rows)
-        if free > 0 and self.queue:
-            self._admit([self.queue.popleft() for _ in range(min(free, len(self.queue)))])
+        if len(self.rows) < self.slots and self.queue and (new := self._admissible()):
+            self._admit(new)
         b = self.backend
         assert self.logits is not None and self.mask is not None and self.next_pos is not None
         tok = torch.empty(len(self.rows), dtype=torch.long, device=self.logits.device)
@@ -190,6 +193,28 @@ class HFStreamEngine:
         for s in self.rows:
             s.pending_version = b.version
 
+    def _admissible(self) -> list[_Slot]:
+        """Pop the queued rows that join at this step: into the free slots, in order, while the batch's cache (every
+        row at the widest prompt, with room for the most tokens any row may still generate, as ``join_rows`` lays it
+        out) fits the KV budget; at least one row when none is running."""
+        wide = self.mask.shape[1] if self.mask is not None else 0
+        spare = max((s.cap - len(s.tokens) for s in self.rows), default=0) + 1
+        new: list[_Slot] = []
+        while self.queue and len(self.rows) + len(new) < self.slots:
+            head = self.queue[0]
+            w, sp = max(wide, len(head.prompt_ids)), max(spare, head.cap + 1)
+            if (self.rows or new) and not self.kv.fits(len(self.rows) + len(new) + 1, w + 2 * sp):
+                break
+            new.append(self.queue.popleft())
+            wide, spare = w, sp
+        return new
+
+    def _rows_room(self, width: int, spare: int) -> int:
+        """Rows a fresh cache buffer makes room for: the engine's slots, fewer where the KV budget binds."""
+        if self.kv.positions is None:
+            return self.slots
+        return max(1, min(self.slots, self.kv.positions // max(1, width + 2 * spare)))
+
     def _admit(self, new: list[_Slot]) -> None:
         """Prefill the newcomers (each distinct prompt once) and join them to the running batch."""
         b = self.backend
@@ -213,7 +238,7 @@ class HFStreamEngine:
             return
         assert self.mask is not None and self.next_pos is not None and self.logits is not None
         wide = max(self.mask.shape[1], mask.shape[1])
-        join_rows(self.cache, cache, wide, spare, rows=self.slots)  # in place where the buffers have room
+        join_rows(self.cache, cache, wide, spare, rows=self._rows_room(wide, spare))  # in place where there is room
         self.mask = torch.cat([left_pad(self.mask, wide, -1), left_pad(mask, wide, -1)], dim=0)
         self.next_pos = torch.cat([self.next_pos, next_pos], dim=0)
         self.logits = torch.cat([self.logits, logits], dim=0)

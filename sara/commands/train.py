@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides, values={} if args.out is None else {"out_dir": args.out})
     if args.out is None and cfg.out_dir is None:  # runs/<name>, a name that carries what differs
         cfg = cfg.model_copy(update={"name": train_run_name(cfg, overrides)})
-    from sara.train.dtypes import dtype_lines, run_dtypes, run_microbatch
+    from sara.train.dtypes import dtype_lines, run_dtypes, run_kv_cache, run_microbatch
     from sara.train.microbatch import microbatch_line
 
     dtypes = run_dtypes(cfg)  # what ``auto`` resolves to here (sara.machine), before anything is built
@@ -79,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
         from sara.train.resolve import config_yaml
 
         print(config_yaml(cfg))  # the resolved allocator and sampler as comments; no ray section while it is off
+        kv = run_kv_cache(cfg)
         print("\n".join(f"# {line}" for line in ["dtypes on this machine (auto: bfloat16 where it is native):",
-                                                  *dtype_lines(dtypes), microbatch_line(*run_microbatch(cfg))]))
+                                                  *dtype_lines(dtypes), microbatch_line(*run_microbatch(cfg)),
+                                                  *([kv] if kv else [])]))
         return 0
     if cfg.threads is None:
         cfg = cfg.model_copy(update={"threads": default_threads()})

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -69,24 +68,13 @@ class HFPolicyConfig(SaraModel):
     def activation_bytes_per_token(self) -> int | None:
         """What ``HFPolicy.activation_bytes_per_token`` will say, read from the model directory's ``config.json``
         without loading the model (None: a named model not prepared yet, or an unreadable config)."""
-        import json
+        from sara.hub import model_shape
 
-        from sara.hub import MODELS, is_prepared, model_dir
-
-        path = Path(self.model).expanduser()
-        if not path.is_dir():
-            if self.model not in MODELS:
-                return None
-            path = model_dir(self.model, self.cache_dir)
-            if not is_prepared(path):
-                return None
-        try:
-            shape = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        shape = model_shape(self.model, self.cache_dir)
+        if shape is None:
             return None
         half = self.dtype == "bfloat16" or self.compute_choice().name == "bfloat16"
-        return _shape_bytes(shape, half=half, checkpointing=self.gradient_checkpointing) if isinstance(shape, dict) \
-            else None
+        return _shape_bytes(shape, half=half, checkpointing=self.gradient_checkpointing)
 
 
 class HFPolicy(ScoreViews):

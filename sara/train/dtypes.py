@@ -12,6 +12,8 @@ same options, so they resolve the same on a machine of the same kind.
 ``auto`` sized from the model's shape read from its ``config.json`` and this machine's memory, as the built learner
 sizes it from the loaded model: ``sara.train.microbatch.microbatch_budget``).
 
+``run_kv_cache(cfg)`` is the HF backend's KV-cache budget (``backend_options.kv_cache_gib``) resolved the same way.
+
 ``sara train`` prints these lines first (and ``--print-config`` as YAML comments); ``run_machine(cfg)`` is what a
 run's summary records under ``machine`` (``RunSummary.machine``: ``sara train --json``, ``sara matrix``'s
 ``result.json``).
@@ -27,7 +29,7 @@ from sara.machine import DtypeChoice, machine_info, machine_kind
 if TYPE_CHECKING:
     from sara.train.config import TrainConfig
 
-__all__ = ["dtype_lines", "run_dtypes", "run_machine", "run_microbatch"]
+__all__ = ["dtype_lines", "run_dtypes", "run_kv_cache", "run_machine", "run_microbatch"]
 
 _POLICY_CONFIGS = {"hf": ("sara.policies.hf", "HFPolicyConfig")}
 """Policy factories whose options decide the learner's dtype: factory name -> (module, config class)."""
@@ -90,6 +92,16 @@ def run_microbatch(cfg: TrainConfig) -> tuple[int | None, str]:
         if per_token is None:
             return None, "auto: sized when the model loads (its config.json is not on this machine yet)"
     return microbatch_budget(want, per_token, device_memory_bytes(policy_options.get("device", "cpu")))
+
+
+def run_kv_cache(cfg: TrainConfig) -> str | None:
+    """The line the HF backend's KV-cache budget (``backend_options.kv_cache_gib``) resolves to on this machine,
+    from the model's ``config.json`` (``sara.backends.hf_budget``); None for a backend without one."""
+    backend_name, backend_options = cfg.component("backend")
+    if backend_name != "hf":
+        return None
+    backend = _config(_BACKEND_CONFIGS, backend_name, backend_options, f"backend '{backend_name}'")
+    return str(backend.kv_budget(dtype=run_dtypes(cfg)["generation"].name).line())
 
 
 def dtype_lines(choices: dict[str, DtypeChoice]) -> list[str]:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from sara.backends import ReleasesStale
+from sara.backends import BoundsKV, ReleasesStale
 from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
@@ -106,6 +106,8 @@ class Trainer:
             print(microbatch_line(self.learner.microbatch_tokens, self.learner.microbatch_reason), flush=True)
         self.floor = FlopFloor.of_policy(self.policy)  # the FLOPs the run's work cannot avoid (sara.train.flops)
         self.backend = backend_factory(self.policy, backend_options, task=self.task, seed=cfg.seed)
+        if verbose and isinstance(self.backend, BoundsKV):
+            print(self.backend.kv_line(), flush=True)
         sampling = SamplingConfig(temperature=cfg.temperature,
                                   max_new_tokens=cfg.max_new_tokens or self.task.max_new_tokens or 64,
                                   stop=self.task.stop)
