@@ -78,8 +78,8 @@ def contiguous_head(module: Any) -> Any:
     A prefill asks for the last position's logits only (``logits_to_keep=1``), so the head gets the strided view
     ``hidden[:, -1:, :]``. torch 2.13's CPU ``matmul`` does not fold such a 3-D input into one matrix product when
     nothing requires grad (a generating copy, a frozen head): it runs a batched product over a copy of the transposed
-    weight broadcast to the batch. Measured here on SmolLM2's [49152, 576] head in bfloat16: 5.3 s for a [64, 1, 576]
-    view instead of 7 ms, and 127 ms for a single row. Copying the [B, 1, H] view is exact and costs microseconds.
+    weight broadcast to the batch, hundreds of times slower on SmolLM2's [49152, 576] head (docs/results.md, "The
+    strided LM-head input"). Copying the [B, 1, H] view is exact and costs microseconds.
     """
     head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
     if head is not None and not getattr(head, "_sara_dense_input", False):

@@ -288,10 +288,9 @@ class HFPolicy(ScoreViews):
 
 _MATH_ATTENTION_PAIRS = 1 << 14
 """Query-key pairs per row and head up to which ``score_at`` runs attention with the plain (math) SDPA kernel on a
-CPU: its backward is faster than the CPU flash kernel's on short rows, the flash kernel's on long ones (measured on
-SmolLM2-135M in bfloat16: docs/results.md, "The learner at this length": math faster at 300 and 7.2k pairs a row,
-flash at 22k and 42k; and 8 rows of ~65 positions after a given 417-token prefix, 32k a row: flash. Pairs per
-micro-batch, the former measure, put that last one on the slow math kernel)."""
+CPU: its backward is faster than the CPU flash kernel's on short rows, the flash kernel's on long ones (the crossover
+on SmolLM2-135M in bfloat16 is measured in docs/results.md, "The learner at this length"). The count is per row: rows
+after a long given prefix attend to it and take the flash kernel, whatever the micro-batch's size."""
 
 
 def _shape_bytes(shape: Mapping[str, Any], *, half: bool, checkpointing: bool) -> int | None:

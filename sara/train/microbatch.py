@@ -44,10 +44,9 @@ MIN_AUTO_MICROBATCH_TOKENS = 256
 
 CALL_OVERHEAD_TOKENS = 128
 """What one more forward call costs, in forwarded positions: per-call work that does not scale with the tokens (op
-launches, casting the weights for autocast, the dense embedding / LM-head gradients, the prefix's own forward). On
-SmolLM2-135M in bfloat16 on 2 CPU cores a forward + backward of a micro-batch took about 0.33 s + 2.1 ms per position
-(4 to 64 rows of 3-shot sums), i.e. ~150 positions per call. It keeps the plan from splitting rows over many calls
-to save a few positions each."""
+launches, casting the weights for autocast, the dense embedding / LM-head gradients, the prefix's own forward), from a
+fit of micro-batch seconds to forwarded positions on SmolLM2-135M (docs/results.md, "Training internals"). It keeps
+the plan from splitting rows over many calls to save a few positions each."""
 
 
 @dataclass(frozen=True)
