@@ -33,10 +33,13 @@ def test_auto_divides_the_memory_share_by_a_positions_activations():
     assert ACTIVATION_SHARE == 24
 
 
-@pytest.mark.parametrize(("per_token", "memory"), [(None, 24 * GiB), (2**20, None), (0, 24 * GiB)])
-def test_auto_falls_back_when_activations_or_memory_are_unknown(per_token, memory):
-    tokens, why = microbatch_budget("auto", per_token, memory)
-    assert tokens == FALLBACK_MICROBATCH_TOKENS and why.startswith("auto: the policy does not say")
+@pytest.mark.parametrize(("per_token", "memory", "why"), [
+    (None, 24 * GiB, "auto: the policy does not say"), (0, 24 * GiB, "auto: the policy does not say"),
+    (2**20, None, "auto: this machine's memory is unknown"), (2**20, 0, "auto: this machine's memory is unknown")])
+def test_auto_falls_back_when_activations_or_memory_are_unknown(per_token, memory, why):
+    """The fallback, and a reason that names what was unknown."""
+    tokens, reason = microbatch_budget("auto", per_token, memory)
+    assert tokens == FALLBACK_MICROBATCH_TOKENS and reason.startswith(why)
 
 
 def test_a_number_or_null_is_kept_as_given():

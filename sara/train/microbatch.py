@@ -177,9 +177,11 @@ def microbatch_budget(want: int | Literal["auto"] | None, per_token: int | None,
         return None, "one forward per mini-batch (microbatch_tokens: null)"
     if want != "auto":
         return int(want), "set in the config"
-    if not per_token or not memory:
+    if not per_token:
         return FALLBACK_MICROBATCH_TOKENS, ("auto: the policy does not say what a position's activations take, "
                                             f"{FALLBACK_MICROBATCH_TOKENS}")
+    if not memory:
+        return FALLBACK_MICROBATCH_TOKENS, f"auto: this machine's memory is unknown, {FALLBACK_MICROBATCH_TOKENS}"
     tokens = max(MIN_AUTO_MICROBATCH_TOKENS, memory // ACTIVATION_SHARE // per_token)
     return int(tokens), (f"auto: {per_token / 2**20:.2f} MiB of activations a position, 1/{ACTIVATION_SHARE} of "
                          f"{memory / 2**30:.1f} GiB")
