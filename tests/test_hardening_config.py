@@ -77,6 +77,18 @@ def test_degenerate_values_are_one_line_errors_naming_the_field(item, field, cap
     assert f"field '{field}" in err[0], err
 
 
+@pytest.mark.parametrize(("item", "field", "option"), [
+    ("allocator=sara:eps=-1", "allocator", "eps"), ("allocator=ds:max_oversample=0", "allocator", "max_oversample"),
+    ("allocator=sara:nosuch=1", "allocator", "nosuch"), ("sampler=predictive:explore=7", "sampler", "explore"),
+    ("allocator=nosuch", "allocator", "nosuch"),
+])
+def test_allocator_and_sampler_options_are_checked_with_the_config(item, field, option):
+    """A bad allocator or sampler option fails when the config is made (as --print-config and before any model
+    loads), naming the config's field and the option."""
+    with pytest.raises(ConfigError, match=f"field '{field}': .*{option}"):
+        load_config(None, [item])
+
+
 def test_an_alias_bomb_is_refused_at_once(tmp_path, capsys):
     path = tmp_path / "bomb.yaml"
     path.write_text(BOMB)

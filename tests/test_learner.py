@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from sara.algos import make_algo  # noqa: E402
 from sara.policies.tiny import TinyPolicy  # noqa: E402
 from sara.train import Learner, OptimConfig, lr_at, make_batch  # noqa: E402
-from sara.train.config import planned_optimizer_steps  # noqa: E402
+from sara.train.learner import planned_optimizer_steps  # noqa: E402
 from sara.types import Decision, Group, Prompt, Rollout  # noqa: E402
 
 SMALL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 16}

@@ -5,7 +5,6 @@ loading from YAML/JSON. Every invalid value is a ``ConfigError`` that names the 
 from __future__ import annotations
 
 import copy
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +26,6 @@ from sara.config import (
 from sara.driver import DriverConfig
 
 __all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads",
-           "planned_optimizer_steps",
            "MAX_GROUP_SIZE", "MAX_GROUPS_PER_STEP", "MAX_NEW_TOKENS", "MAX_STEP_ROLLOUTS", "MAX_STEP_TOKENS",
            "MAX_THREADS", "MAX_EPOCHS", "MAX_KEPT_CHECKPOINTS", "MAX_OPTIMIZER_STEPS", "MAX_ROLLOUTS"]
 
@@ -268,10 +266,17 @@ class TrainConfig(SaraModel):
                 raise ValueError(f"field '{field}': {exc}") from None
         for field in ("policy", "backend"):
             self.component(field)  # type: ignore[arg-type]
+        from sara.allocators import allocator_config
+        from sara.samplers import make_sampler
+
         for field in ("allocator", "sampler"):
             spec = getattr(self, field)
             try:
                 check_spec_k(spec, parse_spec(spec)[1], self.k, what=field)
+                if field == "allocator":  # the options as the run builds them: a bad one fails here, not once the
+                    allocator_config(spec, k=self.k)  # model has loaded
+                else:  # over a one-prompt pool, as --print-config resolves it
+                    make_sampler(spec, 1, seed=self.seed, k=self.k)
             except ConfigError as exc:
                 raise ValueError(f"field '{field}': {exc}") from None
         rollouts = self.k * self.groups_per_step
@@ -382,13 +387,6 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
     data = apply_overrides(data, overrides, model=TrainConfig)
     data.update(values or {})
     return validate_config(TrainConfig, data, what="train config")
-
-
-def planned_optimizer_steps(steps: int, groups_per_step: int, k: int, epochs: int, minibatch_rollouts: int | None
-                            ) -> int:
-    """Optimizer steps a run of ``steps`` full batches makes (the horizon of the decay schedules)."""
-    per_batch = math.ceil(groups_per_step * k / minibatch_rollouts) if minibatch_rollouts else 1
-    return max(1, steps * epochs * per_batch)
 
 
 def default_threads() -> int:

@@ -47,7 +47,14 @@ if TYPE_CHECKING:
     from sara.policies.base import Policy
     from sara.types import Group
 
-__all__ = ["Learner", "lr_at"]
+__all__ = ["Learner", "lr_at", "planned_optimizer_steps"]
+
+
+def planned_optimizer_steps(steps: int, groups_per_step: int, k: int, epochs: int, minibatch_rollouts: int | None
+                            ) -> int:
+    """Optimizer steps a run of ``steps`` full batches makes (the horizon of the decay schedules)."""
+    per_batch = math.ceil(groups_per_step * k / minibatch_rollouts) if minibatch_rollouts else 1
+    return max(1, steps * epochs * per_batch)
 
 
 def lr_at(cfg: OptimConfig, optimizer_steps: int, horizon: int) -> float:

@@ -30,10 +30,10 @@ from sara.config import ConfigError, validate_config
 from sara.metrics import OutcomeCounts
 from sara.timing import PhaseTimer
 from sara.train.bank import SurplusBank, batch_reward_variance
-from sara.train.config import TrainConfig, default_threads, planned_optimizer_steps
+from sara.train.config import TrainConfig, default_threads
 from sara.train.flops import FlopFloor
 from sara.train.guards import VerifierHealth, check_finite, check_step_limit
-from sara.train.learner import Learner
+from sara.train.learner import Learner, planned_optimizer_steps
 from sara.train.microbatch import microbatch_line
 from sara.train.progress import StepProgress
 from sara.train.resume import check_resume
