@@ -55,9 +55,14 @@ class KVBudget:
         bound = "no bound" if self.positions is None else f"at most {self.positions:,} positions"
         return f"generation KV cache: {bound} ({self.reason})"
 
+    def max_rows(self, positions: int) -> int | None:
+        """How many rows of ``positions`` cached positions each fit (at least one; None: no bound)."""
+        return None if self.positions is None else max(1, self.positions // max(1, positions))
+
     def fits(self, rows: int, positions: int) -> bool:
         """Whether ``rows`` rows of ``positions`` cached positions each fit (always True for one row)."""
-        return self.positions is None or rows <= 1 or rows * positions <= self.positions
+        most = self.max_rows(positions)
+        return most is None or rows <= most
 
 
 def kv_bytes_per_position(shape: Mapping[str, Any], element_bytes: int) -> int | None:

@@ -209,12 +209,6 @@ class HFStreamEngine:
             wide, spare = w, sp
         return new
 
-    def _rows_room(self, width: int, spare: int) -> int:
-        """Rows a fresh cache buffer makes room for: the engine's slots, fewer where the KV budget binds."""
-        if self.kv.positions is None:
-            return self.slots
-        return max(1, min(self.slots, self.kv.positions // max(1, width + 2 * spare)))
-
     def _admit(self, new: list[_Slot]) -> None:
         """Prefill the newcomers (each distinct prompt once) and join them to the running batch."""
         b = self.backend
@@ -238,7 +232,8 @@ class HFStreamEngine:
             return
         assert self.mask is not None and self.next_pos is not None and self.logits is not None
         wide = max(self.mask.shape[1], mask.shape[1])
-        join_rows(self.cache, cache, wide, spare, rows=self._rows_room(wide, spare))  # in place where there is room
+        room = min(self.slots, self.kv.max_rows(wide + 2 * spare) or self.slots)  # rows a fresh buffer makes room for
+        join_rows(self.cache, cache, wide, spare, rows=room)  # in place where the buffers have room
         self.mask = torch.cat([left_pad(self.mask, wide, -1), left_pad(mask, wide, -1)], dim=0)
         self.next_pos = torch.cat([self.next_pos, next_pos], dim=0)
         self.logits = torch.cat([self.logits, logits], dim=0)
