@@ -1,8 +1,11 @@
 """A run's allocation built whole: the allocator and the prompt sampler, each given at construction what it reads.
 
-``build_allocation(allocator, sampler, k=, prompts=)`` is the one place where the two meet, in this order:
+``choose_allocation(allocator, sampler, k=)`` reads both specs (``sara.allocators.choose_allocator``,
+``sara.samplers.choose_sampler``: the classes they name, their options validated, nothing built), which a training
+config does when it is made (``TrainConfig.allocation``). ``build_allocation(allocator, sampler, k=, prompts=)`` is the
+one place where the two are built, in this order:
 
-1. the allocator's spec is parsed and validated (``sara.allocators.allocator_config``), nothing built yet;
+1. the allocator's choice, made from its spec unless given (its options validated, nothing built yet);
 2. the population prior it fits is built from the pool (``SARAAllocator.population_for``: one grid mixture per
    prompt group under ``group_by``, from the prompts' metadata, their features or ``embed()``, the policy's
    representation of each prompt);
@@ -25,15 +28,33 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sara.allocators import BudgetAllocator, allocator_config
+from sara.allocators import AllocatorChoice, BudgetAllocator, choose_allocator
 from sara.allocators.sara import PriorOptions, SARAAllocator, SARABase, SARAConfig
 from sara.config import ConfigError
 from sara.priors.base import GroupedPopulation
 from sara.priors.history import HistorySource
-from sara.samplers import PromptSampler, make_sampler
+from sara.samplers import PromptSampler, SamplerChoice, choose_sampler, make_sampler
 from sara.types import Prompt
 
-__all__ = ["Allocation", "build_allocation"]
+__all__ = ["Allocation", "AllocationChoice", "build_allocation", "choose_allocation"]
+
+
+class AllocationChoice(NamedTuple):
+    """A run's allocator and prompt sampler as chosen, validated and not yet built (``choose_allocation``)."""
+
+    allocator: AllocatorChoice
+    """The allocator's class and validated options."""
+    sampler: SamplerChoice
+    """The sampler's class and validated options."""
+
+
+def choose_allocation(allocator: str | AllocatorChoice, sampler: str | SamplerChoice, *, k: int) -> AllocationChoice:
+    """Both specs read and validated with the run's ``k`` (nothing built, no pool needed).
+
+    Raises:
+        ConfigError: an invalid spec (naming the field) or a ``k`` that disagrees with the run's.
+    """
+    return AllocationChoice(choose_allocator(allocator, k=k), choose_sampler(sampler, k=k))
 
 
 class Allocation(NamedTuple):
@@ -45,14 +66,15 @@ class Allocation(NamedTuple):
     """The prompt sampler, whole."""
 
 
-def build_allocation(allocator: str, sampler: str | PromptSampler, *, k: int, prompts: Sequence[Prompt] | None = None,
+def build_allocation(allocator: str | AllocatorChoice, sampler: str | SamplerChoice | PromptSampler, *, k: int, prompts: Sequence[Prompt] | None = None,
                      pool_size: int | None = None, seed: int = 0,
                      embed: Callable[[], np.ndarray] | None = None) -> Allocation:
     """Build the allocator and the prompt sampler of a run (the module docstring has the order).
 
     Args:
-        allocator: The allocator's spec (``"sara"``, ``"sara:group_by=band"``, ``"module:Class:key=value"``).
-        sampler: The sampler's spec (``"uniform"``, ``"predictive:explore=0.1"``), or a sampler built elsewhere
+        allocator: The allocator's spec (``"sara"``, ``"sara:group_by=band"``, ``"module:Class:key=value"``) or its
+            choice (``TrainConfig.allocation.allocator``).
+        sampler: The sampler's spec (``"uniform"``, ``"predictive:explore=0.1"``) or choice, or a sampler built elsewhere
             (then it is given no population; its history is still read).
         k: The run's group size, the one source of ``k`` for both.
         prompts: The pool's prompts, indexed by pool index (``env.prompts``); None when the pool is not at hand (then
@@ -74,7 +96,8 @@ def build_allocation(allocator: str, sampler: str | PromptSampler, *, k: int, pr
         size = sampler.pool_size
     else:
         raise ConfigError("build_allocation: give the pool's prompts (prompts=env.prompts) or its size (pool_size=)")
-    cls, config = allocator_config(allocator, k=k)
+    chosen = choose_allocator(allocator, k=k)
+    cls, config = chosen.cls, chosen.config
     population = (cls.population_for(config, prompts, embed)
                   if issubclass(cls, SARAAllocator) and isinstance(config, SARAConfig) else None)
     lent = population if isinstance(population, GroupedPopulation) else None

@@ -119,3 +119,67 @@ def test_k_has_one_rule_wherever_a_spec_repeats_it():
     assert all(f"field 'k': 5 disagrees with the run's k={K}; drop k from the" in m for m in messages), messages
     assert make_allocator(f"ds:k={K}", k=K).k == K  # repeating the run's k is allowed
     assert TrainConfig(allocator=f"sara:k={K}", k=K).allocator == f"sara:k={K}"
+
+
+@pytest.mark.parametrize("name", ALLOCATORS.names())
+@pytest.mark.parametrize("sampler", SAMPLERS.names())
+def test_a_training_config_holds_its_allocation_typed(name, sampler):
+    """``TrainConfig.allocation``: the classes the specs name and their validated options, ``k`` the run's."""
+    from sara.train.config import TrainConfig
+
+    cfg = TrainConfig(allocator=name, sampler=sampler, k=K)
+    chosen = cfg.allocation
+    assert chosen.allocator.cls is ALLOCATORS.get(name) and chosen.allocator.name == name
+    assert type(chosen.allocator.config) is chosen.allocator.cls.Config and chosen.allocator.config.k == K
+    assert chosen.sampler.cls is SAMPLERS.get(sampler) and type(chosen.sampler.config) is chosen.sampler.cls.Config
+    assert chosen.sampler.options.get("k", K) == K  # a sampler that scores groups scores groups of the run's k
+
+
+def test_the_run_builds_from_the_choice_its_config_made(monkeypatch):
+    """Once the config is made its specs are not read again: building the run's allocation with the spec parser
+    broken still works (the builder takes the typed choice), and the options it built are the choice's."""
+    from sara.registry import Registry
+    from sara.train.config import TrainConfig
+    from sara.train.resolve import build_run_allocation, config_yaml
+
+    cfg = TrainConfig(allocator="sara:oversample=2,group_by=component", sampler="predictive:explore=0.2", k=K)
+
+    def broken(*_args, **_kwargs):
+        raise AssertionError("a spec was parsed again after the config was made")
+
+    monkeypatch.setattr(Registry, "from_spec", broken)
+    allocator, smp = build_run_allocation(cfg, _prompts(), None)
+    assert allocator.config is cfg.allocation.allocator.config and allocator.config.oversample == 2.0
+    assert smp.config.explore == 0.2 and smp.config.k == K
+    assert "explore: 0.2" in config_yaml(cfg)  # --print-config reads the same choice
+
+
+def test_a_copy_with_other_specs_reads_them_again():
+    """``model_copy(update=...)`` skips validation; the typed allocation follows the copy's specs, never the
+    original's."""
+    from sara.train.config import TrainConfig
+
+    cfg = TrainConfig(allocator="sara", k=K)
+    copy = cfg.model_copy(update={"allocator": "ds", "sampler": "predictive", "k": 6})
+    assert copy.allocation.allocator.name == "ds" and copy.allocation.allocator.config.k == 6
+    assert copy.allocation.sampler.options["k"] == 6
+    assert cfg.allocation.allocator.name == "sara" and cfg.allocation.allocator.config.k == K
+
+
+def test_a_sampler_without_a_config_keeps_its_options_and_validates_when_built(tmp_path, monkeypatch):
+    """A user's sampler class with no ``Config``: its spec options reach its constructor as written, and an option
+    it refuses fails when the training config is made, naming the field."""
+    from sara.train.config import TrainConfig
+
+    (tmp_path / "my_sampler.py").write_text(
+        "from sara.samplers import UniformSampler\n"
+        "class Mine(UniformSampler):\n"
+        "    Config = None\n"
+        "    def __init__(self, pool_size, *, seed=0, width='1'):\n"
+        "        super().__init__(pool_size, seed=seed)\n"
+        "        self.width = int(width)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = TrainConfig(sampler="my_sampler:Mine:width=3", k=K)
+    assert cfg.allocation.sampler.config is None and cfg.allocation.sampler.options == {"width": "3"}
+    with pytest.raises(ValueError, match="field 'sampler'.*height"):
+        TrainConfig(sampler="my_sampler:Mine:height=3", k=K)

@@ -23,15 +23,15 @@ import pytest
 
 from sara.config import MAX_SEED, MIN_TEMPERATURE, ConfigError, SaraModel, validate_config
 from sara.configfile import MAX_CONFIG_BYTES
-from sara.train.config import (
+from sara.train.config import load_config
+from sara.train.guards import STOP_GRACE_S, StopSignals, stop_grace_s
+from sara.train.sections import (
     MAX_GROUP_SIZE,
     MAX_GROUPS_PER_STEP,
     MAX_STEP_ROLLOUTS,
     MAX_STEP_TOKENS,
     MAX_THREADS,
-    load_config,
 )
-from sara.train.guards import STOP_GRACE_S, StopSignals, stop_grace_s
 
 GiB = 2**30
 

@@ -17,6 +17,7 @@ that names the right spec). ``"module:attr"`` names a user class without registe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -35,6 +36,7 @@ from sara.units import UnitStatus, UnitTable, UnitView
 
 __all__ = [
     "ALLOCATORS",
+    "AllocatorChoice",
     "AllocatorConfig",
     "BinaryEffectiveness",
     "BudgetAllocator",
@@ -54,7 +56,7 @@ __all__ = [
     "UnitTable",
     "UnitView",
     "WeighsBatch",
-    "allocator_config",
+    "choose_allocator",
     "make_allocator",
     "p_effective",
     "register",
@@ -80,14 +82,35 @@ class WeighsBatch(Protocol):
     def batch_weights(self, pool_index: np.ndarray, sizes: np.ndarray) -> np.ndarray | None: ...
 
 
-def allocator_config(spec: str, *, k: int | None = None,
-                     **defaults: object) -> tuple[type[BudgetAllocator], AllocatorConfig]:
-    """The class a spec string ``"name"`` / ``"name:key=value,..."`` / ``"module:Class:key=value"`` names and its
-    validated options: what ``make_allocator`` builds, before anything is built (``sara.build`` needs the options
-    first, to build what the allocator is given).
+@dataclass(frozen=True)
+class AllocatorChoice:
+    """The allocator a spec names, its options validated: what a run builds, before anything is built.
+
+    The registry is open (``"module:Class"`` names a user's class), so the choice is the pair the registry resolves:
+    the class, and its own ``Config`` validated; ``cls.Config`` is the config's type.
+
+    Attributes:
+        spec: The spec string it was chosen from (what a config file or ``--allocators`` writes).
+        cls: The allocator class the spec names.
+        config: Its options, validated by ``cls.Config``, ``k`` the run's.
+    """
+
+    spec: str
+    cls: type[BudgetAllocator]
+    config: AllocatorConfig
+
+    @property
+    def name(self) -> str:
+        """The rule's registered name (``"sara"``)."""
+        return self.cls.name
+
+
+def choose_allocator(spec: str | AllocatorChoice, *, k: int | None = None, **defaults: object) -> AllocatorChoice:
+    """The one place a spec string ``"name"`` / ``"name:key=value,..."`` / ``"module:Class:key=value"`` is read:
+    the class it names and its validated options (``sara.build`` builds from them; nothing is built here).
 
     Args:
-        spec: The spec.
+        spec: The spec, or a choice made earlier (returned as it is after the ``k`` check).
         k: The run's group size (the one source of ``k``); a spec that sets another ``k`` is an error.
         **defaults: Options applied before the spec's own. Options the class's config does not know are dropped from
             ``defaults`` (not from the spec, where they are an error).
@@ -96,6 +119,12 @@ def allocator_config(spec: str, *, k: int | None = None,
         ConfigError: unknown allocator, invalid option (the message names the field), an option of another rule (the
             message names the right spec), or a ``k`` that disagrees with the run's.
     """
+    if isinstance(spec, AllocatorChoice):
+        if k is not None and spec.config.k != int(k):
+            raise ConfigError(f"allocator {spec.name!r}: field 'k': {spec.config.k} disagrees with the run's k={k}")
+        if defaults:
+            raise ConfigError(f"allocator {spec.name!r}: options go into the spec, not beside a choice already made")
+        return spec
     cls, options = ALLOCATORS.from_spec(spec)
     if not (isinstance(cls, type) and issubclass(cls, BudgetAllocator)):
         raise ConfigError(f"{spec!r} does not name a BudgetAllocator subclass")
@@ -105,24 +134,26 @@ def allocator_config(spec: str, *, k: int | None = None,
     known = cls.Config.model_fields
     merged: dict[str, object] = {key: v for key, v in defaults.items() if key in known}
     merged.update(options)
-    return cls, validate_config(cls.Config, merged, what=f"allocator {cls.name!r}")
+    return AllocatorChoice(str(spec).strip(), cls, validate_config(cls.Config, merged, what=f"allocator {cls.name!r}"))
 
 
-def make_allocator(spec: str | BudgetAllocator, *, k: int | None = None, **defaults: object) -> BudgetAllocator:
-    """Build an allocator from a spec string (``allocator_config``) on its own: no sampler's history, one population
+def make_allocator(spec: str | AllocatorChoice | BudgetAllocator, *, k: int | None = None,
+                   **defaults: object) -> BudgetAllocator:
+    """Build an allocator from a spec string (``choose_allocator``) on its own: no sampler's history, one population
     (``sara.build.build_allocation`` builds one with the pool and the sampler it runs with).
 
     Args:
-        spec: The spec (an allocator instance is returned unchanged, after the ``k`` check).
+        spec: The spec, or a choice made earlier (an allocator instance is returned unchanged, after the ``k``
+            check).
         k: The run's group size (the one source of ``k``); a spec that sets another ``k`` is an error.
-        **defaults: Options applied before the spec's own (see ``allocator_config``).
+        **defaults: Options applied before the spec's own (see ``choose_allocator``).
 
     Raises:
-        ConfigError: as ``allocator_config``, and a spec whose options need the pool (``sara:group_by=KEY``).
+        ConfigError: as ``choose_allocator``, and a spec whose options need the pool (``sara:group_by=KEY``).
     """
     if isinstance(spec, BudgetAllocator):
         if k is not None and spec.k != int(k):
             raise ConfigError(f"allocator {spec.name!r}: field 'k': {spec.k} disagrees with the run's k={k}")
         return spec
-    cls, config = allocator_config(spec, k=k, **defaults)
-    return cls(config)
+    choice = choose_allocator(spec, k=k, **defaults)
+    return choice.cls(choice.config)

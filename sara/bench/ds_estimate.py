@@ -50,9 +50,8 @@ def _train(cfg: Any, spec: str, seed: int, out_dir: str) -> dict[str, Any]:
     from sara.train import Trainer
 
     pair = parse_allocation(spec, field="allocators", what="bench ds-estimate")
-    run_cfg = cfg.model_copy(update={"allocator": pair.allocator, "sampler": pair.sampler_or("uniform"), "seed": seed,
-                                     "out_dir": out_dir, "progress": False,
-                                     "tensorboard": False})
+    run_cfg = cfg.model_validate({**cfg.model_dump(), "allocator": pair.allocator, "sampler": pair.sampler_or("uniform"),
+                                  "seed": seed, "out_dir": out_dir, "progress": False, "tensorboard": False})
     with Trainer(run_cfg) as trainer:
         s = trainer.train()
     per_eff = s.rollouts / s.effective_groups if s.effective_groups else float("nan")

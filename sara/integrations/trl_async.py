@@ -289,8 +289,8 @@ class SaraRolloutWorker:
         Returns:
             ``eval/acc_sample``, the solved / unsolved / mixed fractions, ``time/eval`` and ``eval/weights_version``.
         """
-        from sara.train.config import EvalConfig
         from sara.train.evaluate import held_out_accuracy
+        from sara.train.sections import EvalConfig
 
         settings = EvalConfig(num_prompts=num_prompts, samples=samples, greedy=False, by=None)
         self.gate.hold()

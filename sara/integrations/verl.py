@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from sara.allocators import BudgetAllocator, allocator_config
+from sara.allocators import BudgetAllocator, choose_allocator
 from sara.build import build_allocation
 from sara.config import ConfigError, SaraModel, validate_config
 from sara.driver import DriverConfig, collect
@@ -140,7 +140,8 @@ class SaraSampler:
         check_trainer_config(self.trainer.config)
         self.refill_fn = refill_fn
         self.k = int(self.config.k or self.trainer.config.actor_rollout_ref.rollout.n)
-        cls, options = allocator_config(self.config.allocator, k=self.k)
+        self.choice = choose_allocator(self.config.allocator, k=self.k)
+        cls, options = self.choice.cls, self.choice.config
         if cls.name == "sara_tree":
             raise ConfigError("SaraSampler: field 'allocator': tree allocators grow partial traces, which verl's agent "
                               "loop cannot continue; use a prompt-level allocator")
@@ -234,7 +235,7 @@ class SaraSampler:
         """The sara prompt sampler over verl's training dataset, built with the allocator the first time it is needed
         (the dataset exists once verl's trainer is set up)."""
         if self.prompt_sampler is None:
-            built = build_allocation(self.config.allocator, self.config.sampler, k=self.k,
+            built = build_allocation(self.choice, self.config.sampler, k=self.k,
                                      pool_size=len(self.trainer.train_dataset), seed=self.config.seed)
             self._allocator, self.prompt_sampler = built.allocator, built.sampler
         return self.prompt_sampler

@@ -22,6 +22,10 @@ class PromptSampler(ABC):
     """Draws prompt indices from a pool of ``pool_size`` prompts; deterministic given its seed and state."""
 
     name: ClassVar[str] = "base"
+    Config: ClassVar[type[SaraModel] | None] = None
+    """The options' pydantic model (``sara.samplers.choose_sampler`` validates a spec by it before the pool exists;
+    the constructor takes its fields as keyword arguments). None: the constructor validates its own keyword
+    arguments."""
     takes_k: ClassVar[bool] = False
     """True: the sampler scores groups of k (``make_sampler`` passes the run's group size as option ``k``)."""
     takes_population: ClassVar[bool] = False
@@ -67,6 +71,7 @@ class UniformSampler(PromptSampler):
     """Uniform without replacement within a pass over the pool; a fresh seeded permutation every pass."""
 
     name = "uniform"
+    Config = UniformSamplerConfig
 
     def __init__(self, pool_size: int, *, seed: int = 0, pool_epochs: int | None = None) -> None:
         super().__init__(pool_size, seed=seed)

@@ -79,6 +79,7 @@ class PredictiveSampler(PromptSampler):
     """
 
     name = "predictive"
+    Config = PredictiveSamplerConfig
     takes_k = True
     takes_population = True
 

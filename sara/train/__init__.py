@@ -8,8 +8,9 @@ Example:
 """
 
 from sara.train.batch import Batch, make_batch
-from sara.train.config import EvalConfig, OptimConfig, TrainConfig, apply_overrides, load_config
+from sara.train.config import TrainConfig, apply_overrides, load_config
 from sara.train.learner import Learner, lr_at
+from sara.train.sections import EvalConfig, OptimConfig
 from sara.train.trainer import RunSummary, Trainer, default_threads
 
 __all__ = [

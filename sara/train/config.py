@@ -8,9 +8,9 @@ import copy
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from sara.backends.ray.config import RayTrainOptions
 from sara.config import (
@@ -19,98 +19,26 @@ from sara.config import (
     MIN_TEMPERATURE,
     ConfigError,
     SaraModel,
-    check_spec_k,
     parse_spec,
     validate_config,
 )
 from sara.driver import DriverConfig
+from sara.train.sections import (
+    MAX_GROUP_SIZE,
+    MAX_GROUPS_PER_STEP,
+    MAX_KEPT_CHECKPOINTS,
+    MAX_ROLLOUTS,
+    MAX_STEP_ROLLOUTS,
+    MAX_STEP_TOKENS,
+    MAX_THREADS,
+    EvalConfig,
+    OptimConfig,
+)
 
-__all__ = ["TrainConfig", "OptimConfig", "EvalConfig", "load_config", "apply_overrides", "default_threads",
-           "MAX_GROUP_SIZE", "MAX_GROUPS_PER_STEP", "MAX_NEW_TOKENS", "MAX_STEP_ROLLOUTS", "MAX_STEP_TOKENS",
-           "MAX_THREADS", "MAX_EPOCHS", "MAX_KEPT_CHECKPOINTS", "MAX_OPTIMIZER_STEPS", "MAX_ROLLOUTS"]
+if TYPE_CHECKING:
+    from sara.build import AllocationChoice
 
-MAX_THREADS = 1024
-"""Largest ``TrainConfig.threads``: more than the hardware threads of any common machine (far more threads than that
-only oversubscribe the cores, and tens of thousands exhaust the process's thread limit inside OpenMP)."""
-MAX_GROUP_SIZE = 1024
-"""Largest group size ``k`` (and ``eval.samples``)."""
-MAX_GROUPS_PER_STEP = 65_536
-"""Largest ``TrainConfig.groups_per_step``."""
-MAX_STEP_ROLLOUTS = 2**17
-"""Largest batch a step asks for, ``k x groups_per_step`` rollouts (131,072)."""
-MAX_STEP_TOKENS = 2**30
-"""Largest ``k x groups_per_step x max_new_tokens``: the generated tokens a step's batch may hold."""
-MAX_EPOCHS = 1000
-"""Largest ``optim.epochs``: passes over one collected batch."""
-MAX_OPTIMIZER_STEPS = 10**9
-"""Largest ``optim.warmup_steps`` and ``optim.total_optimizer_steps`` (``MAX_STEPS`` steps x ``MAX_EPOCHS`` epochs)."""
-MAX_KEPT_CHECKPOINTS = 1000
-"""Largest ``keep_checkpoints``."""
-MAX_ROLLOUTS = 10**12
-"""Largest ``rollout_budget`` and ``max_rollouts_per_step``."""
-
-
-class OptimConfig(SaraModel):
-    """Optimizer and schedule (AdamW). Every count here is in optimizer steps."""
-
-    lr: float = Field(2e-4, gt=0, le=10)
-    """Peak learning rate, in (0, 10]."""
-    weight_decay: float = Field(0.0, ge=0, le=1)
-    """AdamW weight decay, in [0, 1]."""
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
-    """AdamW betas, each in [0, 1)."""
-    grad_clip: float | None = Field(1.0, gt=0)
-    """Clip the global gradient norm to this (None = no clipping)."""
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """LR after warmup: constant, or linear / cosine decay to 0 at ``total_optimizer_steps``."""
-    warmup_steps: int = Field(0, ge=0, le=MAX_OPTIMIZER_STEPS)
-    """Linear warmup, in optimizer steps, at most ``MAX_OPTIMIZER_STEPS``."""
-    total_optimizer_steps: int | None = Field(None, ge=1, le=MAX_OPTIMIZER_STEPS)
-    """Horizon of the decay schedules, at most ``MAX_OPTIMIZER_STEPS`` (None = steps x epochs x mini-batches per batch, estimated from the config)."""
-    epochs: int | None = Field(None, ge=1, le=MAX_EPOCHS)
-    """Passes over each collected batch, at most ``MAX_EPOCHS`` (None = the algorithm's suggestion, ``AlgoSpec.epochs``)."""
-    minibatch_rollouts: int | None = Field(None, ge=1, le=MAX_STEP_ROLLOUTS)
-    """Rollouts per optimizer step, at most ``MAX_STEP_ROLLOUTS`` (None = the whole batch: one optimizer step per epoch)."""
-    microbatch_tokens: int | Literal["auto"] | None = "auto"
-    """Most positions one forward pass runs (at most ``MAX_STEP_TOKENS``) (a shared prefix once, then every row's padded rest; see
-    ``sara.train.microbatch``). A mini-batch is split into such micro-batches whose gradients are accumulated before
-    its ONE optimizer step (the same step, loss normalisation included, as one forward), so activation memory stays
-    bounded however many groups a step trains. ``auto``: as many positions as keep one micro-batch's activations
-    within 1/24 of the memory the process may use, by what the policy says a position keeps (an HF model's shape and
-    compute dtype), else 2,048 (``sara.train.microbatch.microbatch_budget``). None = one forward per mini-batch."""
-
-    @field_validator("microbatch_tokens", mode="before")
-    @classmethod
-    def _budget(cls, v: object) -> object:
-        if v is None or v == "auto":
-            return v
-        n = int(v) if isinstance(v, (int, str)) and not isinstance(v, bool) and str(v).strip().isdigit() else None
-        if n is None or not 1 <= n <= MAX_STEP_TOKENS:
-            raise ValueError(f"a number of positions, at least 1 and less than or equal to {MAX_STEP_TOKENS}; or "
-                             "auto (sized from the model and the memory); or null (one forward per mini-batch)")
-        return n
-
-
-class EvalConfig(SaraModel):
-    """Held-out evaluation (the task's ``eval_prompts``) with fixed seeds, so evaluations are comparable."""
-
-    every: int = Field(10, ge=0, le=MAX_STEPS)
-    """Evaluate every this many training steps, at most ``MAX_STEPS`` (0 = only before training and at the end)."""
-    num_prompts: int = Field(500, ge=1, le=1_000_000)
-    """Held-out prompts used (the first ones of the task's eval split), at most 1,000,000."""
-    samples: int = Field(4, ge=1, le=MAX_GROUP_SIZE)
-    """Sampled completions per prompt at the training temperature (``eval/acc_sample``), at most
-    ``MAX_GROUP_SIZE``."""
-    greedy: bool = True
-    """Also report greedy accuracy (``eval/acc_greedy``)."""
-    by: str | None = "component|<length>"
-    """Also report ``eval/acc_sample/<value>`` per value of this ``Prompt.metadata`` key when the held-out prompts
-    carry it with at most 32 distinct values (``component``: the bands of a ``sara/Mixture-v0`` pool; ``level``:
-    MATH levels), or per prompt length in characters (``<length>``: by value, or in six quantile bins named
-    ``<shortest>-<longest>``); several joined by ``|``, the first that labels the held-out prompts winning. The
-    default labels a mixture by its components and any other pool by length; None = off. Shows which part of a
-    curriculum moves, and which band an allocator starves."""
-
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "default_threads", "MAX_NEW_TOKENS", "TINY_POLICY_OPTIONS"]
 
 TINY_POLICY_OPTIONS: dict[str, Any] = {"warm_start": {"steps": 1500, "target_loss": 0.81}}
 """``policy_options`` of a ``tiny`` policy when none are given: a supervised warm start to a mean loss of 0.81 (at
@@ -159,9 +87,10 @@ class TrainConfig(SaraModel):
     """Algorithm spec, e.g. ``"grpo"``, ``"ppo:lam=0.95"`` (see ``sara.algos.ALGOS``)."""
     allocator: str = "sara"
     """Allocator spec, e.g. ``"sara"``, ``"sara_paper:tau_low=0.45"``, ``"ds"``, ``"uniform"`` (see
-    ``sara.allocators``)."""
+    ``sara.allocators``); read once, when the config is made, into ``allocation``."""
     sampler: str = "uniform"
-    """Prompt sampler spec, e.g. ``"uniform"``, ``"predictive:decay=0.95"`` (see ``sara.samplers.SAMPLERS``)."""
+    """Prompt sampler spec, e.g. ``"uniform"``, ``"predictive:decay=0.95"`` (see ``sara.samplers.SAMPLERS``); read
+    with the allocator's."""
     k: int = Field(8, ge=2, le=MAX_GROUP_SIZE)
     """Group size (rollouts per prompt when a group is complete), at most ``MAX_GROUP_SIZE``: the one source of ``k``
     for the allocator, the sampler and the DS estimate (an allocator or sampler spec that sets another ``k`` is an
@@ -218,6 +147,8 @@ class TrainConfig(SaraModel):
     tensorboard: bool | None = None
     """Write TensorBoard events (None = when installed)."""
 
+    _allocation: AllocationChoice | None = PrivateAttr(default=None)
+
     @field_validator("name")
     @classmethod
     def _name_is_relative(cls, v: str) -> str:
@@ -266,19 +197,19 @@ class TrainConfig(SaraModel):
                 raise ValueError(f"field '{field}': {exc}") from None
         for field in ("policy", "backend"):
             self.component(field)  # type: ignore[arg-type]
-        from sara.allocators import allocator_config
-        from sara.samplers import make_sampler
+        from sara.allocators import choose_allocator
+        from sara.build import AllocationChoice
+        from sara.samplers import choose_sampler, make_sampler
 
-        for field in ("allocator", "sampler"):
-            spec = getattr(self, field)
-            try:
-                check_spec_k(spec, parse_spec(spec)[1], self.k, what=field)
-                if field == "allocator":  # the options as the run builds them: a bad one fails here, not once the
-                    allocator_config(spec, k=self.k)  # model has loaded
-                else:  # over a one-prompt pool, as --print-config resolves it
-                    make_sampler(spec, 1, seed=self.seed, k=self.k)
-            except ConfigError as exc:
-                raise ValueError(f"field '{field}': {exc}") from None
+        field = "allocator"
+        try:  # the specs read once, here: a bad option fails when the config is made, not once the model has loaded
+            allocator = choose_allocator(self.allocator, k=self.k)
+            field = "sampler"
+            sampler = choose_sampler(self.sampler, k=self.k)
+            make_sampler(sampler, 1, seed=self.seed)  # a sampler without a Config validates in its constructor
+        except ConfigError as exc:
+            raise ValueError(f"field '{field}': {exc}") from None
+        self._allocation = AllocationChoice(allocator, sampler)
         rollouts = self.k * self.groups_per_step
         if rollouts > MAX_STEP_ROLLOUTS:
             raise ValueError(f"field 'groups_per_step': k x groups_per_step = {rollouts:,} rollouts a step, more than "
@@ -288,6 +219,19 @@ class TrainConfig(SaraModel):
                              f"{rollouts * self.max_new_tokens:,} tokens a step, more than {MAX_STEP_TOKENS:,}; lower "
                              "max_new_tokens, groups_per_step or k")
         return self
+
+    @property
+    def allocation(self) -> AllocationChoice:
+        """The run's allocator and sampler, typed: the classes the specs name and their options, validated with the
+        run's ``k`` when the config is made (``sara.build.choose_allocation``; a copy whose specs or ``k`` were
+        replaced without validation, ``model_copy(update=...)``, reads them again). The trainer builds from it and
+        ``--print-config`` prints it."""
+        made = self._allocation
+        if made is None or (made.allocator.spec, made.sampler.spec, made.allocator.config.k) != (
+                self.allocator.strip(), self.sampler.strip(), self.k):
+            from sara.build import choose_allocation
+            made = self._allocation = choose_allocation(self.allocator, self.sampler, k=self.k)
+        return made
 
     def component(self, field: Literal["policy", "backend"]) -> tuple[str, dict[str, Any]]:
         """``(factory name, options)`` of the policy or the backend: the spec string's options plus ``<field>_options``.

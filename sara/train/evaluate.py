@@ -13,9 +13,9 @@ from sara.timing import PhaseTimer
 
 if TYPE_CHECKING:
     from sara.envs.base import RolloutEnv
-    from sara.train.config import EvalConfig
     from sara.train.flops import FlopFloor
     from sara.train.progress import StepProgress
+    from sara.train.sections import EvalConfig
 
 __all__ = ["held_out_accuracy"]
 

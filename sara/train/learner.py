@@ -35,10 +35,10 @@ import numpy as np
 
 from sara.memory import device_memory_bytes
 from sara.train.batch import Batch, make_batch, rows_of
-from sara.train.config import OptimConfig
 from sara.train.heap import bound_heap, bound_kernel_caches, trim_heap
 from sara.train.microbatch import MicroBatch, microbatch_budget, plan_microbatches, shared_prefix
 from sara.train.prefix_grad import SharedPrefix
+from sara.train.sections import OptimConfig
 
 if TYPE_CHECKING:
     import torch

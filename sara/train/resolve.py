@@ -1,13 +1,12 @@
 """What a run's allocator and prompt sampler resolve to, before the pool or the model is loaded; and the config as
 ``sara train --print-config`` prints it.
 
-``build_run_allocation(cfg, prompts, embed)`` is how the trainer builds both from a ``TrainConfig``
-(``sara.build.build_allocation``: the spec's options validated by the class's config, ``k`` from the run, each
-component given at construction what it reads). ``resolved_allocation(cfg)`` validates the same options (the sampler
-built over a one-prompt pool: no option depends on the pool's size; nothing here loads a task or a model), decides
-what reads what by the builder's rules, and reads every option back, with each ``auto`` / None default replaced by
-what it resolves to. What
-only the pool or the model decides (``group_by``'s key, the population a predictive sampler scores under) is named
+``build_run_allocation(cfg, prompts, embed)`` is how the trainer builds both from a ``TrainConfig``'s typed choice,
+``cfg.allocation`` (``sara.build.build_allocation``: the classes the specs name, their options validated by each
+class's config with ``k`` from the run; each component given at construction what it reads).
+``resolved_allocation(cfg)`` reads the same choice (the sampler built over a one-prompt pool: no option depends on the
+pool's size; nothing here loads a task or a model), decides what reads what by the builder's rules, and reads every
+option back, with each ``auto`` / None default replaced by what it resolves to. What only the pool or the model decides (``group_by``'s key, the population a predictive sampler scores under) is named
 by what it is derived from.
 
 ``config_yaml(cfg)`` is ``--print-config``'s YAML: every field of the config (loading it back gives the same
@@ -21,20 +20,18 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel
 
-from sara.allocators import AllocatorConfig, BudgetAllocator, allocator_config
+from sara.allocators import AllocatorConfig, BudgetAllocator
 from sara.allocators.sara import AUTO, PriorOptions, SARAAllocator, SARABase, SARAConfig
 from sara.allocators.sequential import SequentialConfig
 from sara.allocators.uniform import DynamicSamplingConfig
 from sara.build import Allocation, build_allocation
-from sara.config import parse_spec
 from sara.configfile import dump_yaml
 from sara.priors.features import EMBEDDING, FeatureGroupedPrior
 from sara.priors.grouped import GroupedGridPrior
 from sara.priors.history import AUTO_DECAYS, HistorySource
 from sara.priors.representation import RepresentationPrior
-from sara.samplers import PromptSampler, UniformSamplerConfig, make_sampler
+from sara.samplers import SamplerChoice, UniformSamplerConfig, make_sampler
 from sara.samplers.predictive import PredictiveSamplerConfig
 from sara.types import Prompt
 
@@ -56,7 +53,7 @@ def allocation_config(cfg: TrainConfig) -> AllocatorConfig:
     Raises:
         ConfigError: an unknown allocator or an invalid option, naming the field.
     """
-    return allocator_config(cfg.allocator, k=cfg.k)[1]
+    return cfg.allocation.allocator.config
 
 
 def build_run_allocation(cfg: TrainConfig, prompts: Sequence[Prompt],
@@ -67,7 +64,8 @@ def build_run_allocation(cfg: TrainConfig, prompts: Sequence[Prompt],
     Raises:
         ConfigError: an invalid spec, or a ``group_by`` the pool cannot serve.
     """
-    return build_allocation(cfg.allocator, cfg.sampler, k=cfg.k, prompts=prompts, seed=cfg.seed, embed=embed)
+    chosen = cfg.allocation
+    return build_allocation(chosen.allocator, chosen.sampler, k=cfg.k, prompts=prompts, seed=cfg.seed, embed=embed)
 
 
 def resolved_allocation(cfg: TrainConfig) -> dict[str, dict[str, object]]:
@@ -82,12 +80,13 @@ def resolved_allocation(cfg: TrainConfig) -> dict[str, dict[str, object]]:
     Raises:
         ConfigError: an invalid allocator or sampler spec, as the trainer would raise it.
     """
-    cls, config = allocator_config(cfg.allocator, k=cfg.k)
-    sampler = make_sampler(cfg.sampler, 1, seed=cfg.seed, k=cfg.k)
+    chosen = cfg.allocation
+    cls, config = chosen.allocator.cls, chosen.allocator.config
+    sampler = make_sampler(chosen.sampler, 1, seed=cfg.seed)
     borrowed = (isinstance(sampler, HistorySource) and issubclass(cls, SARABase) and isinstance(config, PriorOptions)
                 and cls.reads_history(config))
     return {"allocator": _allocator(cls, config, borrowed),
-            "sampler": _sampler(sampler, cls, config, parse_spec(cfg.sampler)[1])}
+            "sampler": _sampler(chosen.sampler, cls, config)}
 
 
 def _allocator(cls: type[BudgetAllocator], c: AllocatorConfig, borrowed: bool) -> dict[str, object]:
@@ -141,12 +140,11 @@ def _reweight(c: SARAConfig) -> str:
     return f"{each} (the grouped prior's default, by the group_by key the pool carries; none on one population)"
 
 
-def _sampler(sampler: PromptSampler, cls: type[BudgetAllocator], allocator: AllocatorConfig,
-             options: dict[str, str]) -> dict[str, object]:
-    config = getattr(sampler, "config", None)  # the registered samplers' validated options (a user's may have none)
-    if not isinstance(config, BaseModel):
-        return {"name": sampler.name, **options}
-    out: dict[str, object] = {"name": sampler.name, **config.model_dump(mode="json")}
+def _sampler(choice: SamplerChoice, cls: type[BudgetAllocator], allocator: AllocatorConfig) -> dict[str, object]:
+    config = choice.config  # None: a sampler class without a Config (its options as the spec wrote them)
+    if config is None:
+        return {"name": choice.name, **choice.options}
+    out: dict[str, object] = {"name": choice.name, **config.model_dump(mode="json")}
     if isinstance(config, PredictiveSamplerConfig):
         if config.decay == "auto":
             out["decay"] = f"auto ({AUTO_DECAY})"
