@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -37,7 +38,8 @@ from sara.samplers.base import PromptSampler
 from sara.step import CollectObserver, StepState, StreamCarry
 from sara.types import CollectResult
 
-__all__ = ["DriverConfig", "MIN_STEP_ROLLOUTS", "STEP_ROLLOUTS_FACTOR", "StreamCarry", "collect", "release_carry"]
+__all__ = ["DispatchPolicy", "DriverConfig", "MIN_STEP_ROLLOUTS", "Rounds", "STEP_ROLLOUTS_FACTOR", "StreamCarry",
+           "Streaming", "collect", "dispatch_policy", "release_carry"]
 
 STEP_ROLLOUTS_FACTOR = 64
 """``DriverConfig.max_step_rollouts`` when it is None: this many full batches (``target_groups`` x k rollouts)..."""
@@ -89,6 +91,75 @@ class DriverConfig(SaraModel):
         return self
 
 
+class DispatchPolicy(Protocol):
+    """How the loop admits work: the one thing the barrier changes (``dispatch_policy`` picks it)."""
+
+    @property
+    def capacity(self) -> int:
+        """Rollouts that may be in flight at once."""
+        ...
+
+    def halt(self, rounds: int, budget: int, spent: str) -> str:
+        """Why the step stops before dispatching more ("" = it goes on); ``spent`` names the budget that ran out."""
+        ...
+
+    def room(self, idle: int, budget: int) -> int:
+        """Slots the allocator may fill with fresh prompts, of ``idle`` free ones with ``budget`` rollouts left."""
+        ...
+
+    def cut(self, dispatched: int, budget: int) -> bool:
+        """Whether dispatching ``dispatched`` rollouts spent the step's budget (then the step ends after them)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """The barrier (synchronous rounds): a round is whatever the allocator dispatches, generated in one batched call;
+    it admits fresh prompts regardless of the budget and is cut to it, and the step stops after ``max_rounds``."""
+
+    max_rounds: int
+    capacity: int = sys.maxsize
+
+    def halt(self, rounds: int, budget: int, spent: str) -> str:
+        return "max_rounds" if rounds >= self.max_rounds else spent if budget <= 0 else ""
+
+    def room(self, idle: int, budget: int) -> int:
+        return idle
+
+    def cut(self, dispatched: int, budget: int) -> bool:
+        return dispatched == budget
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """Streaming: at most ``capacity`` single rollouts in flight, refilled as they finish, never past the budget."""
+
+    capacity: int
+
+    def halt(self, rounds: int, budget: int, spent: str) -> str:
+        return ""  # the loop stops when nothing is in flight and nothing more may start
+
+    def room(self, idle: int, budget: int) -> int:
+        return min(idle, budget)
+
+    def cut(self, dispatched: int, budget: int) -> bool:
+        return False
+
+
+def dispatch_policy(driver: DriverConfig, env: RolloutEnv) -> DispatchPolicy:
+    """``Rounds`` under the barrier, else ``Streaming`` with ``driver.slots`` or the engine's capacity.
+
+    Raises:
+        ConfigError: streaming on an environment that cannot stream.
+    """
+    if driver.barrier:
+        return Rounds(driver.max_rounds)
+    if not isinstance(env, StreamingEnv):
+        raise ConfigError(f"driver: field 'barrier': {type(env).__name__} cannot stream (it needs slots, submit, poll "
+                          "and abort); use synchronous rounds (barrier=true)")
+    return Streaming(int(driver.slots or env.slots))
+
+
 def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler, *, target_groups: int,
             driver: DriverConfig | Mapping[str, Any] | None = None, max_rollouts: int | None = None, seed: int = 0,
             step: int | None = None, eps: float | None = None, observers: Sequence[CollectObserver] = (),
@@ -133,15 +204,12 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         raise ConfigError(f"collect: field 'target_groups': {target_groups} groups asked but the sampler can supply "
                           f"only {room} more prompts (sampling without replacement); lower target_groups or allow more "
                           "pool epochs")
-    if not cfg.barrier and not isinstance(env, StreamingEnv):
-        raise ConfigError(f"driver: field 'barrier': {type(env).__name__} cannot stream (it needs slots, submit, poll "
-                          "and abort); use synchronous rounds (barrier=true)")
+    mode = dispatch_policy(cfg, env)
     if carry is not None and cfg.barrier:
         raise ConfigError("collect: field 'carry': only a streaming step hands units on; give carry=None")
     if (cfg.carry_lag or carry is not None) and not allocator.carries_over:
         raise ConfigError(f"driver: field 'carry_lag': {allocator.name!r} does not carry units over between steps; "
                           "give carry_lag=0")
-    cap = sys.maxsize if cfg.barrier else int(cfg.slots or env.slots)  # type: ignore[attr-defined]
     bound = cfg.max_step_rollouts or max(MIN_STEP_ROLLOUTS, STEP_ROLLOUTS_FACTOR * target_groups * int(allocator.k))
     limit, spent_reason = (max_rollouts, "max_rollouts") if max_rollouts is not None and max_rollouts <= bound \
         else (bound, "max_step_rollouts")
@@ -157,15 +225,16 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
         while not stop:
             if len(st.committed) >= target_groups:
                 waiting = _unfinished(allocator, st, lag) if cfg.complete_groups else ()
-                if len(waiting) == 0 or not _fill(run, cast(np.ndarray, waiting), cap, limit, keep_others=bool(lag)):
+                if len(waiting) == 0 or not _fill(run, cast(np.ndarray, waiting), mode.capacity, limit,
+                                                  keep_others=bool(lag)):
                     stop = "target_reached"
                 continue
             budget = limit - run.started
-            if cfg.barrier and (st.rounds >= cfg.max_rounds or budget <= 0):
-                stop = "max_rounds" if st.rounds >= cfg.max_rounds else spent_reason
+            stop = mode.halt(st.rounds, budget, spent_reason)
+            if stop:
                 break
-            idle = cap - len(run.live)
-            room = idle if cfg.barrier else min(idle, budget)  # a round admits regardless of the budget (then cut)
+            idle = mode.capacity - len(run.live)
+            room = mode.room(idle, budget)
             with timer("allocator"):
                 ids = allocator.dispatch(min(idle, budget))
                 prefixes = allocator.prefix(ids)
@@ -178,7 +247,7 @@ def collect(allocator: BudgetAllocator, env: RolloutEnv, sampler: PromptSampler,
                 with timer("allocator"):
                     more = allocator.dispatch(min(idle, budget) - len(ids))
                     ids, prefixes = np.concatenate([ids, more]), prefixes + allocator.prefix(more)
-            cut = cfg.barrier and len(ids) == budget and _wants_more(allocator)
+            cut = mode.cut(len(ids), budget) and _wants_more(allocator)
             run.submit(ids, prefixes)
             if not run.live:
                 stop = (spent_reason if run.started >= limit

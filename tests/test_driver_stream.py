@@ -351,3 +351,26 @@ def test_a_step_told_not_to_hand_on_carries_nothing_whatever_its_lag():
     last = collect(alloc, env, sampler, target_groups=4, seed=0, step=1, carry=handed.carry, driver=driver,
                    hand_on=False)
     assert last.carry is None and backend.inflight() == 0
+
+
+def test_the_barrier_is_a_dispatch_policy():
+    """``DriverConfig.barrier`` picks the loop's dispatch policy and nothing else in the loop branches on it: rounds
+    admit whatever is idle and are cut to the budget, streaming never starts past it; its capacity is the driver's
+    slots or the engine's."""
+    import ast
+    import inspect
+
+    from sara.driver import DriverConfig, Rounds, Streaming, collect, dispatch_policy
+
+    env = _env(slots=12)
+    rounds, stream = dispatch_policy(DriverConfig(), env), dispatch_policy(DriverConfig(barrier=False), env)
+    assert rounds == Rounds(1000) and stream == Streaming(12)
+    assert dispatch_policy(DriverConfig(barrier=False, slots=5), env) == Streaming(5)
+    assert (rounds.room(7, 3), stream.room(7, 3)) == (7, 3)  # a round admits regardless of the budget, then is cut
+    assert (rounds.cut(3, 3), rounds.cut(2, 3), stream.cut(3, 3)) == (True, False, False)
+    assert (rounds.halt(1000, 5, "spent"), rounds.halt(2, 0, "spent"), rounds.halt(2, 5, "spent")) == (
+        "max_rounds", "spent", "")
+    assert stream.halt(10**6, 0, "spent") == ""
+    reads = [node for node in ast.walk(ast.parse(inspect.getsource(collect)))
+             if isinstance(node, ast.Attribute) and node.attr == "barrier"]
+    assert len(reads) == 2, "collect reads driver.barrier beyond refusing a carry and the in-flight mode"
