@@ -9,7 +9,7 @@ offending field and what to change, e.g.::
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
@@ -48,6 +48,17 @@ class SaraModel(BaseModel):
     other_rules: ClassVar[Mapping[str, str]] = {}
     """Options that belong to another registered rule, mapped to its name: giving one here is an error that names
     the spec to use instead (a name always means one rule)."""
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The options a spec string may give this config, by the names the spec uses (here: its fields)."""
+        return list(cls.model_fields)
+
+    @classmethod
+    def option_at(cls, loc: Sequence[int | str]) -> str:
+        """The option a validation error at ``loc`` (pydantic's path into the data) is about, named as a spec
+        names it (here: the path joined by dots)."""
+        return ".".join(str(p) for p in loc)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -143,8 +154,9 @@ def validate_config(model: type[M], data: Mapping[str, Any], *, what: str) -> M:
         return model.model_validate(dict(data))
     except ValidationError as exc:
         lines = []
+        names = sorted(model.option_names() if issubclass(model, SaraModel) else model.model_fields)
         for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"])
+            field = model.option_at(err["loc"]) if issubclass(model, SaraModel) else ".".join(map(str, err["loc"]))
             got = err.get("input")
             hint = err["msg"].removeprefix("Value error, ")
             if not field:  # a cross-field check: its message names the fields
@@ -153,9 +165,8 @@ def validate_config(model: type[M], data: Mapping[str, Any], *, what: str) -> M:
             if err["type"] == "extra_forbidden" and field in model.other_rules:
                 other = model.other_rules[field]
                 hint = (f"an option of {other!r}, not of this rule; use '{other}:{field}={got}' (options of this "
-                        f"rule: {', '.join(sorted(model.model_fields))})")
+                        f"rule: {', '.join(names)})")
             elif err["type"] == "extra_forbidden":
-                known = ", ".join(sorted(model.model_fields))
-                hint = f"unknown option; known options: {known}"
+                hint = f"unknown option; known options: {', '.join(names)}"
             lines.append(f"field '{field}': {hint} (got {got!r})")
         raise ConfigError(f"{what}: " + "; ".join(lines)) from None

@@ -133,7 +133,7 @@ def test_spec_parsing_and_entry_points():
     assert parse_spec("ds") == ("ds", {})
     assert parse_spec("tests.test_allocators:AbandonAfterTwo") == ("tests.test_allocators:AbandonAfterTwo", {})
     a = make_allocator("sara_paper:tau_low=0.3,probe=2/1", k=6)
-    assert a.config.tau_low == 0.3 and a.config.probe == (2, 1) and a.k == 6
+    assert a.config.tau_low == 0.3 and a.config.internals.probe == (2, 1) and a.k == 6
     with pytest.raises(ConfigError, match="field 'k'.*disagrees with the run's k=8"):
         make_allocator("ds:k=3", k=8)  # one source of k: the run's
     assert make_allocator("ds:k=8", k=8).k == 8 and make_allocator("ds:k=3").k == 3

@@ -219,7 +219,7 @@ def test_the_default_splits_by_the_representation_where_the_run_has_one_and_weig
     idx, sizes = np.arange(0, 6000, 500), np.full(12, K)
     w = allocator.batch_weights(idx, sizes)  # ... and its bands are weighted back to DS's composition (reweight=ds)
     assert w is not None and w.mean() == pytest.approx(1.0) and np.ptp(w) > 0
-    assert make_allocator("sara", k=K).config.max_weight == 2.0
+    assert make_allocator("sara", k=K).config.internals.max_weight == 2.0
     unweighted, plain_rule = _run("sara:reweight=none", embed=_band_representation)
     assert unweighted == cost  # weights touch the gradient, never the rollouts
     assert plain_rule.batch_weights(idx, sizes) is None

@@ -24,24 +24,39 @@ def _printed(capsys, *argv: str) -> str:
     return capsys.readouterr().out
 
 
-def _comment_block(text: str, key: str) -> dict[str, str]:
-    """The resolved options printed as comments under the top-level ``key``."""
+def _comment_block(text: str, key: str) -> dict[str, object]:
+    """The resolved options printed as comments under the top-level ``key`` (an indented block, the allocator's
+    ``internals``, as a nested dict)."""
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
-    out = {}
+    out: dict[str, object] = {}
+    block: dict[str, object] | None = None
     for line in lines[at + 2:]:
         if not line.startswith("#     "):
             break
-        name, _, value = line[6:].partition(": ")
-        out[name] = value
+        nested = line.startswith("#       ")
+        name, _, value = line[8 if nested else 6:].partition(": ")
+        if nested:
+            assert block is not None, line
+            block[name] = value
+        elif name.endswith(":") and not value:
+            block = out[name[:-1]] = {}
+        else:
+            block = None
+            out[name] = value
     return out
 
 
 def _agrees(shown: dict[str, object], built: dict[str, object]) -> None:
     """Each option shown is the built one's value, or a string that resolves it: ``"<value> (why)"`` (``auto``, an
-    unused option, a ``group_by`` list), or ``"<what it resolves to> (why)"`` for a None default."""
+    unused option, a ``group_by`` list), or ``"<what it resolves to> (why)"`` for a None default; a mapping
+    (``internals``) option by option."""
     for key, value in built.items():
         got = shown[key]
+        if isinstance(value, dict):
+            assert isinstance(got, dict) and list(got) == list(value), (key, got, value)
+            _agrees(got, value)
+            continue
         assert got == value or (isinstance(got, str) and got.endswith(")") and (
             value is None or got.startswith(f"{value} ("))), (key, got, value)
 
@@ -53,7 +68,9 @@ def test_every_option_of_every_allocator_and_sampler_is_shown_resolved(name, sam
     resolved = resolved_allocation(cfg)
     config, shown = allocation_config(cfg), resolved["allocator"]
     assert shown["name"] == name and shown["k"] == 4
-    assert list(shown) == ["name", *type(config).model_fields]  # every option, in the config's order
+    user = [field for field in type(config).model_fields if field != "internals"]
+    assert list(shown) == ["name", *user, "internals"]  # every option: the user's in the config's order, internals last
+    assert list(shown["internals"]) == list(type(config).internals_model().model_fields)
     _agrees(shown, config.model_dump(mode="json"))
     assert "auto" not in shown.values() and shown.get("oversample", 1.0) != "auto"
     if "oversample" in shown:
@@ -64,17 +81,36 @@ def test_every_option_of_every_allocator_and_sampler_is_shown_resolved(name, sam
     assert None not in resolved["sampler"].values() and "auto" not in resolved["sampler"].values()
     text = config_yaml(cfg)
     assert _comment_block(text, "allocator")["name"] == name
+    assert list(_comment_block(text, "allocator")) == list(shown)
     assert _comment_block(text, "sampler")["name"] == sampler
 
 
 @pytest.mark.parametrize(("spec", "option", "value"), [
-    ("sara:oversample=2,audit=0.1", "oversample", 2.0), ("sara:oversample=2,audit=0.1", "audit", 0.1),
+    ("sara:oversample=2,audit=0.1", "oversample", 2.0), ("sara:oversample=2,audit=0.1", "internals.audit", 0.1),
     ("sara_paper:tau_low=0.3", "tau_low", 0.3), ("ds:gen_batch_prompts=12", "gen_batch_prompts", 12),
-    ("sara:prior=history,decay=0.9", "decay", 0.9), ("sara:reweight=ds", "reweight", "ds"),
-    ("sara:probe=2/1", "probe", [2, 1]),
+    ("sara:prior=history,decay=0.9", "internals.decay", 0.9), ("sara:reweight=ds", "reweight", "ds"),
+    ("sara:probe=2/1", "internals.probe", [2, 1]), ("ds:eps=0.01", "internals.eps", 0.01),
 ])
 def test_an_option_given_in_the_spec_is_shown_with_its_value(spec, option, value):
-    assert resolved_allocation(TrainConfig(allocator=spec))["allocator"][option] == value
+    shown = resolved_allocation(TrainConfig(allocator=spec))["allocator"]
+    for part in option.split("."):
+        shown = shown[part]
+    assert shown == value
+
+
+def test_the_allocator_block_shows_the_users_options_first_then_the_internals_resolved():
+    text = config_yaml(TrainConfig(allocator="sara"))
+    lines = text.splitlines()
+    at = lines.index("#     internals:")
+    assert lines[at - 1].startswith("#     reweight: ") and lines[at + 1] == "#       eps: 1.0e-06"
+    block = _comment_block(text, "allocator")
+    assert list(block) == ["name", "k", "completion", "oversample", "prior", "group_by", "reweight", "internals"]
+    inner = block["internals"]
+    assert list(inner) == ["eps", "probe", "alpha0", "beta0", "decay", "max_evidence", "audit", "audit_seed",
+                           "max_weight", "drain"]
+    assert inner["decay"] == "auto (unused, the prior is empirical)" and inner["audit"] == "0.04"
+    history = _comment_block(config_yaml(TrainConfig(allocator="sara:prior=history,audit=0")), "allocator")
+    assert history["internals"]["decay"].startswith("auto (chosen online") and history["internals"]["audit"] == "0.0"
 
 
 def test_the_prior_shown_is_the_one_the_run_reads():
@@ -87,7 +123,8 @@ def test_the_prior_shown_is_the_one_the_run_reads():
     assert prior("sara:prior=constant", "predictive") == "constant"  # a prior given is kept
     assert prior("sara_continuous", "predictive") == "constant (the rule's default)"  # borrows no history
     shown = resolved_allocation(TrainConfig(allocator="sara", sampler="predictive:population=allocator"))
-    assert "unused" in str(shown["allocator"]["decay"]) and shown["sampler"]["decay"].startswith("auto (chosen online")
+    assert "unused" in str(shown["allocator"]["internals"]["decay"])
+    assert shown["sampler"]["decay"].startswith("auto (chosen online")
     assert shown["sampler"]["population"].startswith("allocator (sara's grid population")
     assert "lends no population" in resolved_allocation(TrainConfig(allocator="ds", sampler="predictive"))[
         "sampler"]["population"]

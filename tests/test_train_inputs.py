@@ -38,7 +38,8 @@ FIELDS = {  # field -> values drawn for it (sizes stay small so that a valid inp
 
 
 def _component_options() -> dict[str, dict[str, list[str]]]:
-    """Per spec field: component name -> option names (from the registries' config classes), plus bogus ones."""
+    """Per spec field: component name -> option names (from the registries' config classes; an allocator's as a
+    spec gives them, its internals flat), plus bogus ones."""
     from sara.algos import ALGOS, AlgoSpec
     from sara.allocators import ALLOCATORS
     from sara.envs.tasks.arithmetic import ArithmeticConfig
@@ -46,7 +47,7 @@ def _component_options() -> dict[str, dict[str, list[str]]]:
 
     extra = ["bogus"]
     return {
-        "allocator": {n: [*ALLOCATORS.get(n).Config.model_fields, *extra] for n in ALLOCATORS._items},
+        "allocator": {n: [*ALLOCATORS.get(n).Config.option_names(), *extra] for n in ALLOCATORS._items},
         "algo": {n: [*AlgoSpec.model_fields, *extra] for n in ALGOS._items},
         "sampler": {"uniform": ["epochs", *extra], "predictive": [*PredictiveSamplerConfig.model_fields, *extra]},
         "task": {"sara/Arithmetic-v0": [*ArithmeticConfig.model_fields, *extra],

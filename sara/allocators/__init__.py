@@ -22,11 +22,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from sara.allocators.base import AllocatorConfig, BudgetAllocator, ProtocolError
+from sara.allocators.base import AllocatorConfig, AllocatorInternals, BudgetAllocator, ProtocolError
 from sara.allocators.effectiveness import BinaryEffectiveness, EffectivenessModel
 from sara.allocators.paper import SARAPaperAllocator, SARAPaperConfig
-from sara.allocators.sara import SARAAllocator, SARAConfig
-from sara.allocators.sequential import SequentialAllocator, SequentialConfig
+from sara.allocators.sara import SARAAllocator, SARAConfig, SARAInternals
+from sara.allocators.sequential import SequentialAllocator, SequentialConfig, SequentialInternals
 from sara.allocators.uniform import DynamicSamplingAllocator, DynamicSamplingConfig, UniformAllocator
 from sara.config import ConfigError, check_spec_k, validate_config
 from sara.priors.posteriors import p_effective
@@ -38,6 +38,7 @@ __all__ = [
     "ALLOCATORS",
     "AllocatorChoice",
     "AllocatorConfig",
+    "AllocatorInternals",
     "BinaryEffectiveness",
     "BudgetAllocator",
     "Decision",
@@ -47,10 +48,12 @@ __all__ = [
     "ProtocolError",
     "SARAAllocator",
     "SARAConfig",
+    "SARAInternals",
     "SARAPaperAllocator",
     "SARAPaperConfig",
     "SequentialAllocator",
     "SequentialConfig",
+    "SequentialInternals",
     "UniformAllocator",
     "UnitStatus",
     "UnitTable",
@@ -131,7 +134,7 @@ def choose_allocator(spec: str | AllocatorChoice, *, k: int | None = None, **def
     if k is not None:
         check_spec_k(spec, options, k, what="allocator")
         defaults["k"] = int(k)
-    known = cls.Config.model_fields
+    known = cls.Config.option_names()  # flat, as a spec gives them (internals included)
     merged: dict[str, object] = {key: v for key, v in defaults.items() if key in known}
     merged.update(options)
     return AllocatorChoice(str(spec).strip(), cls, validate_config(cls.Config, merged, what=f"allocator {cls.name!r}"))

@@ -30,29 +30,98 @@ method, so the check stays in one place.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field
+from pydantic import BaseModel, Field, model_validator
 
 from sara.allocators.boundary import ProtocolError, as_count, as_ids, check_rewards, check_same_length
 from sara.config import SaraModel, validate_config
 from sara.types import Decision
 from sara.units import UnitStatus, UnitTable
 
-__all__ = ["AllocatorConfig", "BudgetAllocator", "ProtocolError"]
+__all__ = ["AllocatorConfig", "AllocatorInternals", "BudgetAllocator", "ProtocolError"]
+
+
+class AllocatorInternals(SaraModel):
+    """An allocator's internals: research knobs and constants, which a run rarely changes (``AllocatorConfig``'s
+    ``internals``). A spec gives them as flat keys (``sara:eps=0.01``), as it gives the rule's own options."""
+
+    eps: float = Field(1e-6, ge=0.0)
+    """Effectiveness tolerance: a group is effective when its reward std exceeds eps (never ``std == 0``)."""
 
 
 class AllocatorConfig(SaraModel):
-    """Options every allocator has."""
+    """Options every allocator has: the top-level fields are what a user decides, ``internals`` holds the rest.
+
+    A key of the internals given flat (``{"eps": 0.01}``, a spec's ``sara:eps=0.01``) is moved under ``internals``
+    before validation, so flat and nested data build the same config; a key given both ways is an error.
+    """
 
     k: int = Field(8, ge=2, le=1_000_000)
     """Group size: rollouts per prompt in a full group. Must be >= 2 (a singleton group has no baseline). In a
     training run it comes from ``TrainConfig.k``; an allocator spec that sets another value is an error."""
-    eps: float = Field(1e-6, ge=0.0)
-    """Effectiveness tolerance: a group is effective when its reward std exceeds eps (never ``std == 0``)."""
+    internals: AllocatorInternals = Field(default_factory=AllocatorInternals)
+    """Research knobs and constants (``AllocatorInternals``); a spec gives them flat."""
+
+    @classmethod
+    def internals_model(cls) -> type[AllocatorInternals]:
+        """The model of this config's ``internals`` (the annotation of its field: a subclass narrows it)."""
+        return cast(type[AllocatorInternals], cls.model_fields["internals"].annotation)
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The options a spec may give: the top-level fields, then the internals' (flat, as a spec gives them)."""
+        top = [name for name in cls.model_fields if name != "internals"]
+        return top + [name for name in cls.internals_model().model_fields if name not in cls.model_fields]
+
+    @classmethod
+    def option_at(cls, loc: Sequence[int | str]) -> str:
+        """An error under ``internals`` names the option flat, as a spec gives it (``eps``, not ``internals.eps``)."""
+        return super().option_at(loc[1:] if len(loc) > 1 and loc[0] == "internals" else loc)
+
+    @classmethod
+    def flatten(cls, data: Mapping[str, object]) -> dict[str, object]:
+        """``data`` with its ``internals`` (a mapping or a model) spread as flat keys after the others."""
+        out = {key: value for key, value in data.items() if key != "internals"}
+        nested = data.get("internals")
+        if isinstance(nested, BaseModel):
+            nested = nested.model_dump()
+        if isinstance(nested, Mapping):
+            out.update(nested)
+        elif nested is not None:
+            out["internals"] = nested
+        return out
+
+    def spec_options(self) -> dict[str, object]:
+        """Every option by the name a spec gives it: the top-level fields, then the internals'."""
+        return self.flatten(self.model_dump())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_internals(cls, data: Any) -> Any:
+        """Move each key that is a field of the internals (and not a top-level field) under ``internals``, merged
+        with an ``internals`` mapping given; a key given both ways is an error naming it."""
+        if not isinstance(data, Mapping):
+            return data
+        inner = cls.internals_model().model_fields
+        flat = {key: value for key, value in data.items() if key in inner and key not in cls.model_fields}
+        if not flat:
+            return data
+        nested = data.get("internals", {})
+        if isinstance(nested, BaseModel):
+            nested = nested.model_dump(exclude_unset=True)
+        if not isinstance(nested, Mapping):
+            return data  # not a mapping: pydantic refuses it, naming 'internals'
+        both = sorted(set(flat) & set(nested))
+        if both:
+            raise ValueError(f"option(s) {', '.join(repr(b) for b in both)} given both flat and under 'internals'; "
+                             "give each once")
+        out = {key: value for key, value in data.items() if key not in flat}
+        out["internals"] = {**nested, **flat}
+        return out
 
 
 class BudgetAllocator(ABC):
@@ -73,7 +142,9 @@ class BudgetAllocator(ABC):
             data.update(overrides)
             config = validate_config(self.Config, data, what=f"allocator {self.name!r}")
         elif overrides:
-            config = validate_config(self.Config, {**config.model_dump(), **overrides}, what=f"allocator {self.name!r}")
+            given = self.Config.flatten(config.model_dump(exclude_unset=True))  # defaults stay defaults (group_by)
+            config = validate_config(self.Config, {**given, **self.Config.flatten(overrides)},
+                                     what=f"allocator {self.name!r}")
         self.config = config
         self.units = UnitTable()
         self.target_groups = 0
@@ -92,7 +163,7 @@ class BudgetAllocator(ABC):
     @property
     def eps(self) -> float:
         """Effectiveness tolerance: a group is effective when its reward std exceeds it."""
-        return self.config.eps
+        return self.config.internals.eps
 
     @property
     def reward_range(self) -> tuple[float, float]:
@@ -317,5 +388,6 @@ class BudgetAllocator(ABC):
         self.step = int(state["step"])
 
     def __repr__(self) -> str:
-        opts = ",".join(f"{k}={v}" for k, v in self.config.model_dump().items())
+        opts = ",".join(f"{k}={'/'.join(map(str, v)) if isinstance(v, tuple) else v}"
+                        for k, v in self.config.spec_options().items())  # as a spec gives them (probe=2/1)
         return f"{type(self).__name__}({opts})"

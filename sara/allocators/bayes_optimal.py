@@ -169,7 +169,7 @@ class BayesOptimalAllocator(SequentialAllocator):
                  **overrides: object) -> None:
         super().__init__(config, prior=prior, **overrides)
         if prior is None and self.config.prior == "empirical":
-            self.prior = EmpiricalBayesPrior(self.config.alpha0, self.config.beta0)
+            self.prior = EmpiricalBayesPrior(self.config.internals.alpha0, self.config.internals.beta0)
         if not isinstance(self.prior, (ConstantPrior, EmpiricalBayesPrior)):
             raise TypeError(f"bayes_optimal solves for one Beta population: give a ConstantPrior or an "
                             f"EmpiricalBayesPrior, got {type(self.prior).__name__}")

@@ -151,9 +151,9 @@ class ContinuousSARAAllocator(SARAPaperAllocator):
 
     def _build_model(self) -> None:
         c = self.config
-        self.model = ContinuousEffectiveness(k=c.k, eps=c.eps, low=c.low, high=c.high, atol=c.atol, a_low=c.a_low,
-                                             a_high=c.a_high, a_mid=c.a_mid, sigma_shape=c.sigma_shape,
-                                             sigma_scale=c.sigma_scale)
+        self.model = ContinuousEffectiveness(k=c.k, eps=c.internals.eps, low=c.low, high=c.high, atol=c.atol,
+                                             a_low=c.a_low, a_high=c.a_high, a_mid=c.a_mid,
+                                             sigma_shape=c.sigma_shape, sigma_scale=c.sigma_scale)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)

@@ -56,14 +56,14 @@ class SARAPaperAllocator(SARABase):
     default_prior: ClassVar[PriorKind] = "constant"
 
     def make_prior(self, kind: PriorKind) -> Prior:
-        c = self.config
+        c = self.config.internals
         if kind == "constant":
             return ConstantPrior(c.alpha0, c.beta0)
         base = EmpiricalBayesPrior(c.alpha0, c.beta0)
         return HistoryPrior(c.decay, base, max_evidence=c.max_evidence) if kind == "history" else base
 
     def population_prior(self) -> Prior:
-        return EmpiricalBayesPrior(self.config.alpha0, self.config.beta0)
+        return EmpiricalBayesPrior(self.config.internals.alpha0, self.config.internals.beta0)
 
     def decide(self, units: UnitView) -> np.ndarray:
         abandon = units.p_eff < self.config.tau_low

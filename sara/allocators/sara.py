@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from sara.allocators.optimal import RuleCache, drain_decisions, optimal_decisions
-from sara.allocators.sequential import SequentialAllocator, SequentialConfig
+from sara.allocators.sequential import SequentialAllocator, SequentialConfig, SequentialInternals
 from sara.config import ConfigError
 from sara.priors.base import GroupedPopulation, Prior, Reweight, population_of
 from sara.priors.features import EMBEDDING
@@ -33,7 +33,8 @@ from sara.seeding import derive_seeds, uniform_from_seeds
 from sara.types import Decision, Prompt
 from sara.units import UnitView
 
-__all__ = ["PriorOptions", "SARAAllocator", "SARABase", "SARAConfig", "reject_rule_option"]
+__all__ = ["PriorInternals", "PriorOptions", "SARAAllocator", "SARABase", "SARAConfig", "SARAInternals",
+           "reject_rule_option"]
 
 PriorKind = Literal["constant", "empirical", "history"]
 AUTO = "auto"
@@ -41,13 +42,9 @@ AUTO = "auto"
 _T = TypeVar("_T")
 
 
-class PriorOptions(SequentialConfig):
-    """Where a SARA rule's prior comes from (options shared by ``sara`` and ``sara_paper``)."""
+class PriorInternals(SequentialInternals):
+    """Internals of a SARA rule's prior: the history prior's constants (beside the template's)."""
 
-    prior: PriorKind | None = None
-    """'constant' (Beta(alpha0, beta0)), 'empirical' (fitted online to the population seen so far), 'history' (each
-    prompt's own posterior from earlier steps, decayed by ``decay`` per step, over the empirical base). None: the
-    rule's default, or, with a predictive sampler, the sampler's history (``sara.build.build_allocation``)."""
     decay: Decay = DEFAULT_DECAY
     """History prior only: weight of evidence per step of age (lambda in MoPPS, in (0, 1]; 1 = never forget), or
     "auto" (the default, ``sara.priors.history.DEFAULT_DECAY``): chosen online by how well each candidate predicts
@@ -55,6 +52,17 @@ class PriorOptions(SequentialConfig):
     max_evidence: float = Field(64.0, gt=0.0)
     """History prior only: cap on a prompt's decayed pseudo-count, so stale evidence cannot outweigh what the running
     step sees when the policy has moved (lower under fast drift)."""
+
+
+class PriorOptions(SequentialConfig):
+    """Where a SARA rule's prior comes from (options shared by ``sara`` and ``sara_paper``)."""
+
+    internals: PriorInternals = Field(default_factory=PriorInternals)
+    """Research knobs and constants (``PriorInternals``); a spec gives them flat (``decay=0.9``)."""
+    prior: PriorKind | None = None
+    """'constant' (Beta(alpha0, beta0)), 'empirical' (fitted online to the population seen so far), 'history' (each
+    prompt's own posterior from earlier steps, decayed by ``decay`` per step, over the empirical base). None: the
+    rule's default, or, with a predictive sampler, the sampler's history (``sara.build.build_allocation``)."""
 
 
 def reject_rule_option(data: _T, name: str) -> _T:
@@ -66,10 +74,9 @@ def reject_rule_option(data: _T, name: str) -> _T:
     return data
 
 
-class SARAConfig(PriorOptions):
-    """Options of ``sara`` (the optimal rule; its default prior is 'empirical')."""
+class SARAInternals(PriorInternals):
+    """Internals of ``sara``: the audit share and seed, the reweighting cap and draining (beside the prior's)."""
 
-    other_rules: ClassVar[Mapping[str, str]] = {"tau_low": "sara_paper", "tau_high": "sara_paper"}
     audit: float = Field(0.04, ge=0.0, le=1.0)
     """Share of units never abandoned (chosen by a hash of step and prompt, seeded by ``audit_seed``). Their complete
     groups keep the population fit identifiable: from prefixes cut after one failure alone, p = 0 and p = 0.1 look
@@ -77,6 +84,20 @@ class SARAConfig(PriorOptions):
     price per group (what that costs: docs/results.md, "Allocation rules in training")."""
     audit_seed: int = Field(0, ge=0)
     """Seed of the audit draw."""
+    max_weight: float = Field(2.0, ge=1.0)
+    """'ds' reweighting: cap on a rollout's weight relative to the batch mean (bounds the gradient's variance)."""
+    drain: bool = True
+    """Once the step's target is covered, finish the units still probing whose remaining rollouts buy effective
+    groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group, but every
+    drained group that mixes is surplus over the target: a larger batch, not another step."""
+
+
+class SARAConfig(PriorOptions):
+    """Options of ``sara`` (the optimal rule; its default prior is 'empirical')."""
+
+    other_rules: ClassVar[Mapping[str, str]] = {"tau_low": "sara_paper", "tau_high": "sara_paper"}
+    internals: SARAInternals = Field(default_factory=SARAInternals)
+    """Research knobs and constants (``SARAInternals``); a spec gives them flat (``sara:audit=0``)."""
     group_by: str | None = "component|<embedding>"
     """Where the population prior's groups come from (one grid mixture per group, shrunk toward the pooled fit, one
     optimum across them; ``sara.priors.grouped``): a ``Prompt.metadata`` key whose values are the groups, e.g.
@@ -102,12 +123,6 @@ class SARAConfig(PriorOptions):
     default (``GroupedPopulation.default_reweight``): 'ds' for the representation's bands (``<embedding>``), which
     follow what mixes cheaply now and so would starve a band the policy is about to learn; 'none' for a metadata key
     and ``auto``."""
-    max_weight: float = Field(2.0, ge=1.0)
-    """'ds' reweighting: cap on a rollout's weight relative to the batch mean (bounds the gradient's variance)."""
-    drain: bool = True
-    """Once the step's target is covered, finish the units still probing whose remaining rollouts buy effective
-    groups below the optimum (True), or discard them (False). Draining lowers rollouts per effective group, but every
-    drained group that mixes is surplus over the target: a larger batch, not another step."""
 
     @model_validator(mode="before")
     @classmethod
@@ -214,7 +229,8 @@ class SARAAllocator(SARABase):
         """
         from sara.priors.grouped import GroupedGridPrior, group_labels
 
-        base = GridPrior(config.alpha0, config.beta0, fit=(config.prior or cls.default_prior) != "constant")
+        inner = config.internals
+        base = GridPrior(inner.alpha0, inner.beta0, fit=(config.prior or cls.default_prior) != "constant")
         keys, given = config.group_keys, config.group_by_given
         if prompts is None:
             if given:
@@ -257,7 +273,7 @@ class SARAAllocator(SARABase):
     def make_prior(self, kind: PriorKind) -> Prior:
         """The grid population (given, or one fitted unless 'constant'); under a per-prompt history for 'history'."""
         base = self.population_prior()
-        c = self.config
+        c = self.config.internals
         return HistoryPrior(c.decay, base, max_evidence=c.max_evidence) if kind == "history" else base
 
     def population_prior(self) -> GridPrior:
@@ -276,7 +292,7 @@ class SARAAllocator(SARABase):
         if (self.config.reweight or base.default_reweight) == "none":
             return None
         w = np.repeat(base.composition_weights(self.k)[base.unit_groups(np.asarray(pool_index, np.int64))], sizes)
-        w = np.minimum(w / w.mean(), self.config.max_weight)
+        w = np.minimum(w / w.mean(), self.config.internals.max_weight)
         return cast(np.ndarray, w / w.mean())
 
     def _population(self) -> GridPrior:
@@ -284,7 +300,7 @@ class SARAAllocator(SARABase):
 
     def drain(self, units: UnitView) -> np.ndarray:
         """Finish the units in flight whose remaining rollouts buy effective groups below the optimum."""
-        if not self.config.drain or not len(units.ids):
+        if not self.config.internals.drain or not len(units.ids):
             return super().drain(units)
         base = self._population()
         return drain_decisions(base, units, self._rule.tables(base, self.k)[0])
@@ -293,9 +309,10 @@ class SARAAllocator(SARABase):
         self.prior.refresh(units.table)
         base = self._population()
         out = optimal_decisions(base, units, self._rule.tables(base, self.k))
-        if self.config.audit > 0:
+        inner = self.config.internals
+        if inner.audit > 0:
             pool = units.table.pool_index[units.ids]
-            audit = uniform_from_seeds(derive_seeds(self.config.audit_seed, self.step, pool)) < self.config.audit
+            audit = uniform_from_seeds(derive_seeds(inner.audit_seed, self.step, pool)) < inner.audit
             out[audit & (out == Decision.ABANDON)] = Decision.CONTINUE
         return out
 

@@ -28,46 +28,26 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from sara.allocators.admission import CommitPaths, record_probe
-from sara.allocators.base import AllocatorConfig, BudgetAllocator
+from sara.allocators.base import AllocatorConfig, AllocatorInternals, BudgetAllocator
 from sara.allocators.effectiveness import BinaryEffectiveness, EffectivenessModel
 from sara.priors.base import ConstantPrior, Prior
 from sara.types import Decision
 from sara.units import UnitStatus, UnitView
 
-__all__ = ["SequentialAllocator", "SequentialConfig"]
+__all__ = ["SequentialAllocator", "SequentialConfig", "SequentialInternals"]
 
 
-class SequentialConfig(AllocatorConfig):
-    """Options of the sequential (probe, then commit / abandon / continue) template."""
+class SequentialInternals(AllocatorInternals):
+    """Internals of the sequential template: the probe schedule and the constant prior's parameters."""
 
     probe: tuple[int, ...] = (1,)
     """Probe schedule: rollouts a probing unit gets in its 1st, 2nd, ... probe (last entry repeats); under a
     streaming driver, the rollouts it may have in flight at once. '1' is fully sequential; '2/1' probes two first,
     then one at a time. In spec strings separate entries with '/'."""
-    completion: Literal["complete", "as_is"] = "complete"
-    """'complete': a committed group is filled up to k rollouts. 'as_is': it is kept at the size it has (variable-size
-    groups, always >= 2 when committed because it is mixed)."""
-    oversample: float | Literal["auto"] = "auto"
-    """Units probed in parallel = ceil(groups still needed x oversample). 'auto' admits fresh units until the expected
-    commits of all units in flight cover the groups still needed, with P(commit) estimated from the units' probing
-    paths (``sara.allocators.admission``), so the units in flight are expected to fill the target and a step takes a
-    few rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds).
-    Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups). On an
-    engine with a large fixed cost per call (a CPU HF engine on short completions), a number that makes the first
-    round fill its batch (engine batch / groups per step) gives fewer, fuller rounds and more surplus, which the
-    trainer banks for the next step (``examples/configs/smollm2_learn.yaml`` sets it; docs/results.md measures what it
-    buys)."""
     alpha0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-successes (1.0 with beta0 = 1.0 is the paper's uniform prior)."""
     beta0: float = Field(1.0, gt=0.0)
     """Beta prior pseudo-failures."""
-
-    @field_validator("oversample")
-    @classmethod
-    def _check_oversample(cls, v: float | str) -> float | str:
-        if v != "auto" and not 1.0 <= float(v) <= 64.0:
-            raise ValueError("oversample must be 'auto' or a number in [1, 64]")
-        return v
 
     @field_validator("probe", mode="before")
     @classmethod
@@ -83,6 +63,33 @@ class SequentialConfig(AllocatorConfig):
     def _check_probe(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v or any(x < 1 for x in v):
             raise ValueError("every probe entry must be an integer >= 1, e.g. probe=1 or probe=2/1")
+        return v
+
+
+class SequentialConfig(AllocatorConfig):
+    """Options of the sequential (probe, then commit / abandon / continue) template."""
+
+    internals: SequentialInternals = Field(default_factory=SequentialInternals)
+    """Research knobs and constants (``SequentialInternals``); a spec gives them flat (``probe=2/1``)."""
+    completion: Literal["complete", "as_is"] = "complete"
+    """'complete': a committed group is filled up to k rollouts. 'as_is': it is kept at the size it has (variable-size
+    groups, always >= 2 when committed because it is mixed)."""
+    oversample: float | Literal["auto"] = "auto"
+    """Units probed in parallel = ceil(groups still needed x oversample). 'auto' admits fresh units until the expected
+    commits of all units in flight cover the groups still needed, with P(commit) estimated from the units' probing
+    paths (``sara.allocators.admission``), so the units in flight are expected to fill the target and a step takes a
+    few rounds. 1.0 probes only as many units as groups are still needed (no surplus, but a long tail of rounds).
+    Units that mix in the round that reaches the target are kept and filled to k (surplus committed groups). On an
+    engine with a large fixed cost per call (a CPU HF engine on short completions), a number that makes the first
+    round fill its batch (engine batch / groups per step) gives fewer, fuller rounds and more surplus, which the
+    trainer banks for the next step (``examples/configs/smollm2_learn.yaml`` sets it; docs/results.md measures what it
+    buys)."""
+
+    @field_validator("oversample")
+    @classmethod
+    def _check_oversample(cls, v: float | str) -> float | str:
+        if v != "auto" and not 1.0 <= float(v) <= 64.0:
+            raise ValueError("oversample must be 'auto' or a number in [1, 64]")
         return v
 
 
@@ -109,7 +116,8 @@ class SequentialAllocator(BudgetAllocator):
     def __init__(self, config: SequentialConfig | Mapping[str, Any] | None = None, *, prior: Prior | None = None,
                  **overrides: object) -> None:
         super().__init__(config, **overrides)
-        self.prior: Prior = prior if prior is not None else ConstantPrior(self.config.alpha0, self.config.beta0)
+        inner = self.config.internals
+        self.prior: Prior = prior if prior is not None else ConstantPrior(inner.alpha0, inner.beta0)
         self._paths = self.commit_paths()  # P(commit) of fresh and in-flight units, sizes oversample='auto'
 
     @property
@@ -137,7 +145,7 @@ class SequentialAllocator(BudgetAllocator):
 
     def probe_size(self, unit_ids: np.ndarray) -> np.ndarray:
         """Rollouts each probing unit gets in its current probe (its probe-schedule entry)."""
-        sched = np.asarray(self.config.probe, np.int64)
+        sched = np.asarray(self.config.internals.probe, np.int64)
         return cast(np.ndarray, sched[np.minimum(self.units.probes[unit_ids], len(sched) - 1)])
 
     def demand(self) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +187,7 @@ class SequentialAllocator(BudgetAllocator):
         return cast(np.ndarray, (st == UnitStatus.COMMITTED) | (st == UnitStatus.FILLING))
 
     def observe(self, unit_ids: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        u, k, eps = self.units, self.k, self.config.eps
+        u, k, eps = self.units, self.k, self.config.internals.eps
         touched = u.update(unit_ids, rewards)
         self._counters["rollouts"] += len(rewards)
         closed: list[np.ndarray] = []

@@ -123,4 +123,4 @@ class DynamicSamplingAllocator(_FullGroupAllocator):
         return self.config.max_gen_batches * batch
 
     def keep(self, ids: np.ndarray) -> np.ndarray:
-        return self.units.std(ids) > self.config.eps
+        return self.units.std(ids) > self.config.internals.eps

@@ -11,7 +11,8 @@ by what it is derived from.
 
 ``config_yaml(cfg)`` is ``--print-config``'s YAML: every field of the config (loading it back gives the same
 ``TrainConfig``: the allocator and the sampler stay spec strings), the resolved allocator and sampler as comments
-under their specs, and the ``ray`` section only when ``ray.enabled`` (its options mean nothing while it is off).
+under their specs (the allocator's user options, then its ``internals`` as an indented block), and the ``ray``
+section only when ``ray.enabled`` (its options mean nothing while it is off).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def build_run_allocation(cfg: TrainConfig, prompts: Sequence[Prompt],
 
 
 def resolved_allocation(cfg: TrainConfig) -> dict[str, dict[str, object]]:
-    """``{"allocator": {...}, "sampler": {...}}``: each one's ``name`` and every option, as the run builds it.
+    """``{"allocator": {...}, "sampler": {...}}``: each one's ``name`` and every option, as the run builds it (the
+    allocator's user options, then ``internals``: a mapping of its internals' options).
 
     An option the run uses as it is keeps its value. An ``auto`` value, a ``group_by`` list and an option that the
     resolved prior leaves unused become ``"<value> (what it resolves to, or why it is unused)"``; a None default
@@ -90,7 +92,10 @@ def resolved_allocation(cfg: TrainConfig) -> dict[str, dict[str, object]]:
 
 
 def _allocator(cls: type[BudgetAllocator], c: AllocatorConfig, borrowed: bool) -> dict[str, object]:
-    out: dict[str, object] = {"name": cls.name, **c.model_dump(mode="json")}
+    """The user's options first, then ``internals``: a mapping of the internals' options, resolved alike."""
+    dumped = c.model_dump(mode="json")
+    inner: dict[str, object] = dumped.pop("internals")
+    out: dict[str, object] = {"name": cls.name, **dumped}
     if isinstance(c, SequentialConfig) and c.oversample == "auto":
         out["oversample"] = f"auto ({OVERSAMPLE_RULE})"
     if isinstance(c, PriorOptions) and issubclass(cls, SARABase):
@@ -101,9 +106,9 @@ def _allocator(cls: type[BudgetAllocator], c: AllocatorConfig, borrowed: bool) -
             out["prior"] = f"{kind} (the rule's default)"
         if borrowed or kind != "history":
             why = "the prior is the sampler's history, with its options" if borrowed else f"the prior is {kind}"
-            out.update({key: f"{out[key]} (unused, {why})" for key in ("decay", "max_evidence")})
-        elif c.decay == "auto":
-            out["decay"] = f"auto ({AUTO_DECAY})"
+            inner.update({key: f"{inner[key]} (unused, {why})" for key in ("decay", "max_evidence")})
+        elif c.internals.decay == "auto":
+            inner["decay"] = f"auto ({AUTO_DECAY})"
     if isinstance(c, SARAConfig):
         out["group_by"] = _group_by(c, given=c.group_by_given)
         if c.reweight is None:
@@ -114,6 +119,7 @@ def _allocator(cls: type[BudgetAllocator], c: AllocatorConfig, borrowed: bool) -
         if c.expected_effective is None:
             out["expected_effective"] = ("per batch (the step's committed share of its finished groups, 1.0 before "
                                          "any, at least 1 / max_oversample)")
+    out["internals"] = inner
     return out
 
 
@@ -177,5 +183,16 @@ def config_yaml(cfg: TrainConfig) -> str:
         lines.append(dump_yaml({key: value}))
         if key in resolved:
             lines.append(f"#   the {key} this run builds, every option (sara.train.resolve):")
-            lines += [f"#     {name}: {dump_yaml(option, one_line=True)}" for name, option in resolved[key].items()]
+            lines += _comments(resolved[key], "#     ")
     return "\n".join(lines)
+
+
+def _comments(options: dict[str, object], indent: str) -> list[str]:
+    """``name: value`` comment lines; a mapping (the allocator's ``internals``) as its own block, indented."""
+    lines: list[str] = []
+    for name, option in options.items():
+        if isinstance(option, dict):
+            lines += [f"{indent}{name}:", *_comments(option, indent + "  ")]
+        else:
+            lines.append(f"{indent}{name}: {dump_yaml(option, one_line=True)}")
+    return lines
