@@ -1,8 +1,10 @@
 """Budget allocators: who gets the next rollouts, and when a prompt is committed or abandoned.
 
-Registry: ``ALLOCATORS`` maps names to allocator classes, one rule per name; ``make_allocator("sara", k=8)`` builds
-one from a spec string (options validated by the class's pydantic ``Config``; an option of another rule is an error
-that names the right spec). ``"module:attr"`` names a user class without registering it.
+Registry: ``ALLOCATORS`` maps names to allocator classes, one rule per name. ``choose_allocator("sara", k=8)`` reads
+a spec string into an ``AllocatorChoice``, the class and its options validated by the class's pydantic ``Config``
+(what a user decides at its top level, research knobs under ``internals``, all given flat in a spec; an option of
+another rule is an error that names the right spec); ``make_allocator`` builds one alone. ``"module:attr"`` names a
+user class without registering it.
 
 | name | rule |
 |---|---|
