@@ -206,7 +206,8 @@ class TrainConfig(SaraModel):
             allocator = choose_allocator(self.allocator, k=self.k)
             field = "sampler"
             sampler = choose_sampler(self.sampler, k=self.k)
-            make_sampler(sampler, 1, seed=self.seed)  # a sampler without a Config validates in its constructor
+            if sampler.config is None:  # a sampler without a Config validates in its constructor: build one
+                make_sampler(sampler, 1, seed=self.seed)
         except ConfigError as exc:
             raise ValueError(f"field '{field}': {exc}") from None
         self._allocation = AllocationChoice(allocator, sampler)

@@ -6,8 +6,8 @@
 class's config with ``k`` from the run; each component given at construction what it reads).
 ``resolved_allocation(cfg)`` reads the same choice (the sampler built over a one-prompt pool: no option depends on the
 pool's size; nothing here loads a task or a model), decides what reads what by the builder's rules, and reads every
-option back, with each ``auto`` / None default replaced by what it resolves to. What only the pool or the model decides (``group_by``'s key, the population a predictive sampler scores under) is named
-by what it is derived from.
+option back, with each ``auto`` / None default replaced by what it resolves to. What only the pool or the model
+decides (``group_by``'s key, the population a predictive sampler scores under) is named by what it is derived from.
 
 ``config_yaml(cfg)`` is ``--print-config``'s YAML: every field of the config (loading it back gives the same
 ``TrainConfig``: the allocator and the sampler stay spec strings), the resolved allocator and sampler as comments
